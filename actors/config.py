@@ -1,0 +1,600 @@
+"""The configuration schema and its loader (DESIGN §5).
+
+The schema is declarative: one frozen pydantic model per TOML section, `extra="forbid"` and strict
+types, because a TOML file already says what type each value is and a silently coerced `port =
+true` would be worse than an error. Validation has no side effects; `load_config` gathers every
+problem — file, environment overrides, each section, identity — and raises one `ConfigError`
+that lists them all, each naming its dotted key, so an operator fixes a file in one pass.
+
+Sources, lowest precedence first: schema defaults (which `configs/gateway.toml` spells out), the
+TOML file, then `FXGATE__SECTION__KEY` variables. `MQTT_ENVIRONMENT_ID` only feeds the
+environment-id rule in `actors.identity`.
+
+Secrets never live in the model: `source.password_env` holds the *name* of a variable, read by
+`SourceConfig.password()` at connect time.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import os
+import re
+import socket
+import tomllib
+import types
+import typing
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+)
+from pydantic_core import ErrorDetails
+
+from actors.identity import Identity, IdentityError, resolve_identity
+
+logger = logging.getLogger(__name__)
+
+ENV_PREFIX = "FXGATE__"
+LEDGER_FILE_NAME = "ledger.sqlite"
+TABLES_DIR_NAME = "tables"
+
+# Shown to operators as "(did you mean ...)" only when close enough to be a plausible typo.
+_DID_YOU_MEAN_CUTOFF = 0.6
+_MAX_SHOWN_INPUT = 60
+
+
+class ConfigError(Exception):
+    """The configuration is unusable. `errors` holds every problem found, one line each."""
+
+    def __init__(self, errors: Iterable[str]) -> None:
+        self.errors: tuple[str, ...] = tuple(errors)
+        super().__init__("\n".join(self.errors))
+
+
+# --- value checks: each raises ValueError with a message an operator can act on -------------
+
+_NAME_PART = re.compile(r"^[A-Za-z0-9._-]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_MEMORY = re.compile(r"^[0-9]+[kKmMgGtT]?$")
+_LOG_LEVELS = ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG")
+# Masked in repr(): Spark conf may carry object-store credentials.
+_SECRET_LOOKING = re.compile(
+    r"secret|password|passwd|token|credential|private|(^|[._-])key$", re.IGNORECASE
+)
+
+
+def _log_level(value: str) -> str:
+    level = value.upper()
+    if level not in _LOG_LEVELS:
+        raise ValueError(f"expected one of {', '.join(_LOG_LEVELS)}, got {value!r}")
+    return level
+
+
+def _client_id_part(value: str) -> str:
+    # It becomes part of the MQTT client id; keeping to this set works on every broker we know.
+    if not _NAME_PART.fullmatch(value):
+        raise ValueError(f"{value!r} may hold only letters, digits, '.', '_' and '-'")
+    return value
+
+
+def _group_name(value: str) -> str:
+    # '/', '+' and '#' would change the meaning of `$share/{group}-{env}/{filter}`.
+    if value and not _NAME_PART.fullmatch(value):
+        raise ValueError(f"{value!r} may hold only letters, digits, '.', '_' and '-'")
+    return value
+
+
+def _env_var_name(value: str) -> str:
+    # Never echo the value: someone may have put the password itself here.
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError(
+            "must be the NAME of an environment variable that holds the password "
+            "(letters, digits and '_'), not the password itself"
+        )
+    return value
+
+
+def _memory_size(value: str) -> str:
+    if not _MEMORY.fullmatch(value):
+        raise ValueError(f"expected a JVM memory size such as '512m' or '2g', got {value!r}")
+    return value
+
+
+def _topic_filter(value: str) -> str:
+    """MQTT 5 §4.7: wildcards take a whole level, '#' only the last one; no NUL; ≤ 65535 bytes."""
+    if not value:
+        raise ValueError("a topic filter must not be empty")
+    if "\x00" in value or len(value.encode("utf-8")) > 65535:
+        raise ValueError(f"{value!r} is not a valid MQTT topic filter")
+    if value.startswith("$share/"):
+        raise ValueError(
+            f"{value!r}: give the plain filter; shared_subscription_group adds the $share prefix"
+        )
+    levels = value.split("/")
+    for index, level in enumerate(levels):
+        if "#" in level and (level != "#" or index != len(levels) - 1):
+            raise ValueError(f"{value!r}: '#' must be a whole level and the last one")
+        if "+" in level and level != "+":
+            raise ValueError(f"{value!r}: '+' must be a whole level")
+    return value
+
+
+def _spark_conf_value(value: Any) -> Any:
+    if isinstance(value, str | bool | int) or (isinstance(value, float) and math.isfinite(value)):
+        return value
+    raise ValueError(f"expected a string, number or boolean, got {_show(value)}")
+
+
+def _non_empty_key(conf: dict[str, Any]) -> dict[str, Any]:
+    if "" in conf:
+        raise ValueError("an empty key is not a Spark setting")
+    return conf
+
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+TopicFilter = Annotated[str, AfterValidator(_topic_filter)]
+
+
+def _list_as_tuple(value: Any) -> Any:
+    # TOML has arrays, not tuples; a tuple keeps the frozen model immutable all the way down.
+    return tuple(value) if isinstance(value, list) else value
+
+
+SparkConfValue = Annotated[Any, AfterValidator(_spark_conf_value)]
+
+
+# --- the schema -----------------------------------------------------------------------------
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+
+
+class GatewayConfig(_Section):
+    data_dir: NonEmptyStr = "data"
+    mode: Literal["development", "production"] = "development"
+    # process: SQLite WAL + synchronous=NORMAL survives kill -9; power: synchronous=FULL (§3.7).
+    durability: Literal["process", "power"] = "process"
+    log_level: Annotated[str, AfterValidator(_log_level)] = "INFO"
+
+    @property
+    def data_path(self) -> Path:
+        """`data_dir` as an absolute path; a relative one is taken from the working directory."""
+        return Path(os.path.abspath(os.path.expanduser(self.data_dir)))
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.data_path / LEDGER_FILE_NAME
+
+
+class SourceConfig(_Section):
+    host: NonEmptyStr = "127.0.0.1"
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password_env: Annotated[str, AfterValidator(_env_var_name)] | None = None
+    client_id: Annotated[str, AfterValidator(_client_id_part)] = "fxgate"
+    environment_id: str | None = None  # checked by actors.identity, which knows the rule
+    instance_id: Annotated[str, AfterValidator(_client_id_part)] | None = None
+    append_unique_id: bool = False
+    shared_subscription_group: Annotated[str, AfterValidator(_group_name)] = "fxgate"
+    subscribe_topics: Annotated[
+        tuple[TopicFilter, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)
+    ] = ("zebra/fx/+/reads",)
+    qos: int = Field(2, ge=0, le=2)
+    clean_session: bool = False
+    # MQTT 5 §3.1.2.11.2: a four-byte integer; 0xFFFFFFFF means the session never expires.
+    session_expiry_interval_seconds: int = Field(3600, ge=0, le=0xFFFFFFFF)
+    auto_reconnect: bool = True
+    reconnect_min_delay_seconds: float = Field(1.0, gt=0)
+    reconnect_max_delay_seconds: float = Field(120.0, gt=0)
+    reconnect_jitter: float = Field(0.25, ge=0, le=1)
+    # MQTT §3.1.2.10: a two-byte integer; 0 turns keep-alive off.
+    keepalive_seconds: int = Field(30, ge=0, le=65535)
+
+    @field_validator("reconnect_max_delay_seconds")
+    @classmethod
+    def _max_not_below_min(cls, value: float, info: ValidationInfo) -> float:
+        minimum = info.data.get("reconnect_min_delay_seconds")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"must be >= reconnect_min_delay_seconds ({minimum}), got {value}")
+        return value
+
+    def password(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The password, read from the named variable at connect time; None when there is none."""
+        if self.password_env is None:
+            return None
+        return (os.environ if environ is None else environ).get(self.password_env)
+
+
+class LedgerConfig(_Section):
+    group_commit_max_messages: int = Field(200, ge=1)
+    group_commit_max_delay_seconds: float = Field(0.005, ge=0)
+
+
+class PacksConfig(_Section):
+    # TBMQ's defaults: packs of <= 200 messages, 20 s to process one, RETRY_ALL with 3 retries.
+    max_messages: int = Field(200, ge=1, le=65535)
+    linger_seconds: float = Field(1.0, gt=0)
+    processing_timeout_seconds: float = Field(20.0, gt=0)
+    ack_strategy: Literal["RETRY_ALL", "SKIP_ALL"] = "RETRY_ALL"
+    retries: int = Field(3, ge=0)  # 0 = unlimited
+
+
+class SparkConfig(_Section):
+    master: NonEmptyStr = "local[2]"
+    tables_dir: NonEmptyStr | None = None
+    # One Spark job costs ~0.1 s fixed, so rows are flushed tens of packs at a time (§4).
+    batch_max_rows: int = Field(20000, ge=1)
+    batch_max_seconds: float = Field(2.0, gt=0)
+    driver_memory: Annotated[str, AfterValidator(_memory_size)] = "512m"
+    conf: Annotated[dict[str, SparkConfValue], AfterValidator(_non_empty_key)] = Field(
+        default_factory=dict
+    )
+
+    def tables_path(self, data_path: Path) -> Path:
+        """Where the tables live: `tables_dir` (relative to the working directory) or
+        `<data_path>/tables`."""
+        if self.tables_dir is None:
+            return data_path / TABLES_DIR_NAME
+        return Path(os.path.abspath(os.path.expanduser(self.tables_dir)))
+
+    def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
+        for name, value in super().__repr_args__():
+            if name == "conf":
+                value = {k: "***" if _SECRET_LOOKING.search(k) else v for k, v in value.items()}
+            yield name, value
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "gateway": GatewayConfig,
+    "source": SourceConfig,
+    "ledger": LedgerConfig,
+    "packs": PacksConfig,
+    "spark": SparkConfig,
+}
+
+
+class Config(BaseModel):
+    """A validated configuration with its identity resolved. Build it with `load_config`."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+    gateway: GatewayConfig
+    source: SourceConfig
+    ledger: LedgerConfig
+    packs: PacksConfig
+    spark: SparkConfig
+    identity: Identity
+
+    @property
+    def ledger_path(self) -> Path:
+        return self.gateway.ledger_path
+
+    @property
+    def tables_path(self) -> Path:
+        return self.spark.tables_path(self.gateway.data_path)
+
+    def summary_lines(self) -> list[str]:
+        """Start-up facts for the log, one per line. Holds no secret by construction: the
+        password is never read here and Spark conf is listed by key only."""
+        gateway, source, spark, identity = self.gateway, self.source, self.spark, self.identity
+        host = f"[{source.host}]" if ":" in source.host else source.host
+        if source.username is None:
+            auth = "anonymous"
+        elif source.password_env is None:
+            auth = f"user {source.username!r}, no password"
+        else:
+            auth = f"user {source.username!r}, password from ${source.password_env}"
+        session = (
+            f"clean_start={'true' if source.clean_session else 'false'}, "
+            f"session expiry {source.session_expiry_interval_seconds} s, "
+            f"keep-alive {source.keepalive_seconds} s"
+        )
+        conf_keys = ", ".join(sorted(spark.conf)) or "none"
+        return [
+            f"mode {gateway.mode}, durability {gateway.durability}, log level {gateway.log_level}",
+            f"source broker {host}:{source.port} ({auth})",
+            f"client id {identity.client_id} ({session})",
+            f"environment {identity.environment_id} (from {identity.environment_source})",
+            f"subscriptions at QoS {source.qos}: {', '.join(identity.subscriptions)}",
+            f"data dir {gateway.data_path} (ledger {self.ledger_path})",
+            (
+                f"spark master {spark.master}, driver memory {spark.driver_memory}, "
+                f"tables {self.tables_path}, extra conf keys: {conf_keys}"
+            ),
+        ]
+
+
+# --- loading --------------------------------------------------------------------------------
+
+
+def load_config(
+    path: Path | None = None,
+    environ: Mapping[str, str] | None = None,
+    hostname: str | None = None,
+) -> Config:
+    """Defaults, then the TOML file at `path` (if any), then FXGATE__ overrides; validated,
+    identity resolved. Raises ConfigError listing every problem."""
+    environ = os.environ if environ is None else environ
+    hostname = socket.gethostname() if hostname is None else hostname
+    errors: list[str] = []
+
+    raw: dict[str, Any] = {}
+    file_ok = True
+    if path is not None:
+        try:
+            raw = _read_toml(Path(path))
+        except ConfigError as error:
+            errors.extend(error.errors)
+            file_ok = False
+
+    origins, override_errors = _apply_overrides(raw, environ)
+    errors.extend(override_errors)
+    if not file_ok:
+        raise ConfigError(errors)
+
+    for name in raw:
+        if name not in SECTIONS:
+            errors.append(_unknown_section(name))
+
+    sections: dict[str, _Section] = {}
+    for name, model in SECTIONS.items():
+        try:
+            sections[name] = model.model_validate(raw.get(name, {}))
+        except ValidationError as error:
+            errors.extend(_describe(name, detail, origins) for detail in error.errors())
+
+    gateway, source = sections.get("gateway"), sections.get("source")
+    identity = None
+    if isinstance(gateway, GatewayConfig) and isinstance(source, SourceConfig):
+        try:
+            identity = resolve_identity(source, gateway.mode, environ, hostname)
+        except IdentityError as error:
+            origin = origins.get(tuple(error.key.split(".")))
+            errors.append(f"{error} (from {origin})" if origin else str(error))
+        if gateway.mode == "production":
+            errors.extend(_production_errors(source, environ))
+
+    if errors or identity is None:
+        raise ConfigError(errors)
+    return Config(**sections, identity=identity)
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError([f"{path}: config file not found"]) from None
+    except OSError as error:
+        raise ConfigError([f"{path}: cannot read config file: {error.strerror}"]) from None
+    try:
+        return tomllib.loads(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError([f"{path}: not UTF-8 text"]) from None
+    except tomllib.TOMLDecodeError as error:
+        # The message ends with "(at line N, column M)".
+        raise ConfigError([f"{path}: invalid TOML: {error}"]) from None
+
+
+def _production_errors(source: SourceConfig, environ: Mapping[str, str]) -> list[str]:
+    errors = []
+    if source.password_env is not None and source.password_env not in environ:
+        errors.append(
+            f"source.password_env: environment variable {source.password_env} is not set "
+            "(required in production mode)"
+        )
+    if source.append_unique_id:
+        # mosquitto keeps queueing a shared group's share for an offline member's live session,
+        # so every restart under a new id would strand reads in the previous session.
+        errors.append(
+            "source.append_unique_id: must be false in production mode (a new client id on "
+            "each restart strands queued reads in the previous session)"
+        )
+    return errors
+
+
+# --- environment overrides ------------------------------------------------------------------
+
+
+def _apply_overrides(
+    raw: dict[str, Any], environ: Mapping[str, str]
+) -> tuple[dict[tuple[str, ...], str], list[str]]:
+    """Merge FXGATE__SECTION__KEY[__ENTRY] variables into `raw` in place.
+
+    Returns where each overridden key came from (to name the variable in later errors) and the
+    problems with the variable names themselves. Whole values are applied before single
+    `spark.conf` entries so that an entry is never wiped out by a whole-table override.
+    """
+    origins: dict[tuple[str, ...], str] = {}
+    errors: list[str] = []
+    keys: list[tuple[tuple[str, ...], str, str]] = []
+    entries: list[tuple[tuple[str, ...], str, str]] = []
+    for name, text in sorted(environ.items()):
+        if not name.upper().startswith(ENV_PREFIX):
+            continue
+        parts = name[len(ENV_PREFIX) :].split("__", 2)
+        if len(parts) < 2 or not parts[0] or not parts[1]:
+            errors.append(f"{name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
+            continue
+        section, key = parts[0].lower(), parts[1].lower()
+        if section not in SECTIONS:
+            errors.append(f"{_unknown_section(section)} (from {name})")
+            continue
+        if key not in SECTIONS[section].model_fields:
+            errors.append(f"{_unknown_key(section, key)} (from {name})")
+            continue
+        if len(parts) == 2:
+            target, bucket = (section, key), keys
+        elif (section, key) == ("spark", "conf") and parts[2]:
+            target, bucket = (section, key, parts[2]), entries  # Spark keys are case-sensitive
+        else:
+            errors.append(f"{section}.{key}: {name} sets a sub-key of a key that has none")
+            continue
+        if target in origins:
+            errors.append(f"{_dotted(target)}: set by both {origins[target]} and {name}")
+            continue
+        origins[target] = name
+        bucket.append((target, name, text))
+
+    for target, name, text in keys + entries:
+        container: Any = raw
+        for part in target[:-1]:
+            container = container.setdefault(part, {})
+            if not isinstance(container, dict):
+                break  # the file's own type error for this section or key is reported later
+        else:
+            container[target[-1]] = _parse_override(text, _wants_text(target))
+            logger.debug("%s overridden by %s", _dotted(target), name)
+    return origins, errors
+
+
+def _parse_override(text: str, wants_text: bool) -> Any:
+    """A TOML literal when `text` is one (1884, true, ["a", "b"], 0.5), else the text itself.
+
+    A key whose type is a string takes the text verbatim unless it is a quoted TOML string, so
+    that FXGATE__SOURCE__CLIENT_ID=123 means the client id "123", not an integer.
+    """
+    try:
+        parsed = tomllib.loads(f"value = {text}")
+    except tomllib.TOMLDecodeError:
+        return text
+    if parsed.keys() != {"value"}:  # text that smuggles in more lines is not one literal
+        return text
+    value = parsed["value"]
+    if wants_text and not isinstance(value, str):
+        return text
+    return value
+
+
+def _wants_text(target: tuple[str, ...]) -> bool:
+    if len(target) != 2:
+        return False  # a spark.conf entry may be a string, number or boolean
+    field = SECTIONS[target[0]].model_fields[target[1]]
+    return _is_text_type(field.annotation)
+
+
+def _is_text_type(annotation: Any) -> bool:
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _is_text_type(typing.get_args(annotation)[0])
+    if origin is Literal:
+        return all(isinstance(arg, str) for arg in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        args = [arg for arg in typing.get_args(annotation) if arg is not type(None)]
+        return all(_is_text_type(arg) for arg in args)
+    return annotation is str
+
+
+# --- error messages -------------------------------------------------------------------------
+
+_TYPE_NAMES = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "float_type": "a number",
+    "float_parsing": "a number",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "string_type": "a string",
+    "list_type": "a list",
+    "tuple_type": "a list",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+}
+# Keys whose values must never appear in a message.
+_SECRET_KEYS = {("source", "password_env")}
+
+
+def _describe(section: str, detail: ErrorDetails, origins: Mapping[tuple[str, ...], str]) -> str:
+    loc = tuple(detail["loc"])
+    if detail["type"] == "extra_forbidden":
+        message = _unknown_key(section, str(loc[0]))
+    else:
+        key = (section, *loc)
+        show_input = (section, *loc[:1]) not in _SECRET_KEYS
+        message = f"{_dotted(key)}: {_reason(detail, show_input)}"
+    origin = _origin((section, *loc), origins)
+    return f"{message} (from {origin})" if origin else message
+
+
+def _reason(detail: ErrorDetails, show_input: bool) -> str:
+    kind, ctx = detail["type"], detail.get("ctx", {})
+    got = f", got {_show(detail['input'])}" if show_input else ""
+    if kind in _TYPE_NAMES:
+        return f"expected {_TYPE_NAMES[kind]}{got}"
+    if kind == "literal_error":
+        return f"expected {ctx['expected']}{got}"
+    bounds = {
+        "greater_than": ("greater than", "gt"),
+        "greater_than_equal": ("at least", "ge"),
+        "less_than": ("less than", "lt"),
+        "less_than_equal": ("at most", "le"),
+    }
+    if kind in bounds:
+        words, name = bounds[kind]
+        return f"must be {words} {ctx[name]}{got}"
+    if kind == "finite_number":
+        return f"must be a finite number{got}"
+    if kind in ("too_short", "string_too_short"):
+        return "must not be empty"
+    if kind == "value_error":
+        return str(ctx["error"])
+    return detail["msg"]
+
+
+def _origin(loc: tuple[Any, ...], origins: Mapping[tuple[str, ...], str]) -> str | None:
+    for length in range(len(loc), 1, -1):
+        origin = origins.get(tuple(loc[:length]))
+        if origin:
+            return origin
+    return None
+
+
+def _dotted(loc: Iterable[Any]) -> str:
+    text = ""
+    for part in loc:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            # Quote keys that are not TOML bare keys, e.g. spark.conf."spark.sql.shuffle.partitions".
+            part = part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"'
+            text += f".{part}" if text else part
+    return text
+
+
+def _unknown_key(section: str, key: str) -> str:
+    return f"{section}.{key}: unknown key{_suggest(key, SECTIONS[section].model_fields)}"
+
+
+def _unknown_section(name: str) -> str:
+    hint = _suggest(name, SECTIONS)
+    if not hint:
+        # A key written above every [section] header lands at the top level.
+        owners = [section for section, model in SECTIONS.items() if name in model.model_fields]
+        if len(owners) == 1:
+            hint = f" (keys belong in a section: did you mean {owners[0]}.{name}?)"
+    return f"{name}: unknown section{hint}"
+
+
+def _suggest(name: str, candidates: Iterable[str]) -> str:
+    match = difflib.get_close_matches(name.lower(), list(candidates), 1, _DID_YOU_MEAN_CUTOFF)
+    return f" (did you mean {match[0]!r}?)" if match else ""
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, bool):
+        text = "true" if value else "false"
+    else:
+        text = repr(value)
+    return text if len(text) <= _MAX_SHOWN_INPUT else text[: _MAX_SHOWN_INPUT - 3] + "..."

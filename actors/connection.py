@@ -1,0 +1,308 @@
+"""ConnectionActor: owns one broker connection, its subscriptions and its reconnect backoff.
+
+paho runs the socket on its own thread; its callbacks only turn events into messages for this
+actor (or, for PUBLISH/PUBREL, for the ledger). Reconnects are ours, not paho's: after a drop the
+actor waits the next backoff delay on the injected clock and tries again, so outages of any length
+are paced 1 s -> 120 s with jitter (DESIGN §5) and tests can drive the schedule.
+
+Sessions are persistent: clean_start is sent as False explicitly (paho's default is "first connect
+only"), with a session expiry interval, so the broker keeps our queue and in-flight QoS 2 state
+while we are away.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pykka
+from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.subscribeoptions import SubscribeOptions
+
+from actors.backoff import Backoff
+from actors.clock import Clock, TimerHandle
+from actors.mqtt_client import LedgerClient
+from persistence.inbound_ledger import Inbound, SessionStarted
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConnectionSettings:
+    name: str
+    host: str
+    port: int
+    client_id: str
+    subscriptions: tuple[str, ...]
+    qos: int = 2
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    clean_start: bool = False
+    session_expiry_seconds: int = 3600
+    keepalive_seconds: int = 30
+    receive_maximum: int = 200
+    auto_reconnect: bool = True
+    reconnect_min_delay: float = 1.0
+    reconnect_max_delay: float = 120.0
+    reconnect_jitter: float = 0.25
+
+
+@dataclass(frozen=True, slots=True)
+class _Connected:
+    epoch: int
+    reason: str
+    failed: bool
+    session_present: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Disconnected:
+    epoch: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Subscribed:
+    reasons: tuple[str, ...]
+    failed: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Reconnect:
+    pass
+
+
+@dataclass(frozen=True)
+class ConnectionState:
+    name: str
+    state: str  # connecting | connected | waiting | stopped
+    client_id: str
+    last_reason: str | None
+    connects: int
+    disconnects: int
+    next_attempt_in: float | None
+
+
+class ConnectionActor(pykka.ThreadingActor):
+    def __init__(
+        self,
+        settings: ConnectionSettings,
+        clock: Clock,
+        ledger: pykka.ActorRef,
+        *,
+        backoff: Backoff | None = None,
+        client_factory: Callable[..., LedgerClient] = LedgerClient,
+    ) -> None:
+        super().__init__()
+        self._s = settings
+        self._clock = clock
+        self._ledger = ledger
+        self._backoff = backoff or Backoff(
+            settings.reconnect_min_delay, settings.reconnect_max_delay, settings.reconnect_jitter
+        )
+        self._client_factory = client_factory
+        self._client: LedgerClient | None = None
+        self._state = "connecting"
+        self._last_reason: str | None = None
+        self._connects = 0
+        self._disconnects = 0
+        self._timer: TimerHandle | None = None
+        self._next_attempt_at: float | None = None
+        self._ever_connected = False
+        self._stopping = False
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        s = self._s
+        ledger = self._ledger
+
+        client = self._client_factory(
+            client_id=s.client_id,
+            on_publish_received=lambda p: ledger.tell(Inbound(p, client)),
+            on_pubrel_received=lambda p: ledger.tell(Inbound(p, client)),
+            monotonic=self._clock.monotonic,
+        )
+        if s.username is not None:
+            client.username_pw_set(s.username, s.password)
+        client.on_connect = self._on_connect
+        client.on_disconnect = self._on_disconnect
+        client.on_subscribe = self._on_subscribe
+        self._client = client
+        log.info(
+            "%s: client id %s, broker %s:%d, clean_start=%s, session expiry %d s, "
+            "receive maximum %d, subscriptions %s at QoS %d",
+            s.name,
+            s.client_id,
+            s.host,
+            s.port,
+            s.clean_start,
+            s.session_expiry_seconds,
+            s.receive_maximum,
+            ", ".join(s.subscriptions),
+            s.qos,
+        )
+        self._attempt()
+
+    def on_stop(self) -> None:
+        self._stopping = True
+        self._cancel_timer()
+        client = self._client
+        if client is not None:
+            if client.is_connected():
+                # A normal DISCONNECT keeps the session (and our queue) on the broker.
+                client.disconnect()
+            client.loop_stop()
+        self._state = "stopped"
+        log.info("%s: stopped", self._s.name)
+
+    # -- paho callbacks: network thread, translate only -------------------------------------
+
+    def _tell(self, message: object) -> None:
+        try:
+            self.actor_ref.tell(message)
+        except pykka.ActorDeadError:
+            pass
+
+    def _on_connect(self, client, _userdata, flags, reason_code, _properties) -> None:
+        self._tell(
+            _Connected(client.epoch, str(reason_code), reason_code.is_failure, flags.session_present)
+        )
+
+    def _on_disconnect(self, client, _userdata, _flags, reason_code, _properties) -> None:
+        self._tell(_Disconnected(client.epoch, str(reason_code)))
+
+    def _on_subscribe(self, _client, _userdata, _mid, reason_codes, _properties) -> None:
+        self._tell(
+            _Subscribed(tuple(str(r) for r in reason_codes), tuple(r.is_failure for r in reason_codes))
+        )
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def on_receive(self, message: object) -> None:
+        if isinstance(message, _Connected):
+            self._handle_connected(message)
+        elif isinstance(message, _Disconnected):
+            self._handle_disconnected(message)
+        elif isinstance(message, _Subscribed):
+            for topic, reason, failed in zip(
+                self._s.subscriptions, message.reasons, message.failed, strict=False
+            ):
+                if failed:
+                    log.error("%s: subscription to %s refused: %s", self._s.name, topic, reason)
+                else:
+                    log.info("%s: subscribed to %s (%s)", self._s.name, topic, reason)
+        elif isinstance(message, _Reconnect):
+            self._timer = None
+            self._next_attempt_at = None
+            if not self._stopping:
+                self._attempt()
+        else:
+            log.warning("%s: ignored %r", self._s.name, message)
+
+    def _handle_connected(self, message: _Connected) -> None:
+        if message.failed:
+            self._last_reason = message.reason
+            log.error("%s: broker refused the connection: %s", self._s.name, message.reason)
+            return  # the broker closes the socket; the disconnect schedules the retry
+        self._state = "connected"
+        self._connects += 1
+        self._ever_connected = True
+        self._backoff.reset()
+        log.info(
+            "%s: connected to %s:%d as %s (session present: %s)",
+            self._s.name,
+            self._s.host,
+            self._s.port,
+            self._s.client_id,
+            message.session_present,
+        )
+        self._ledger.tell(SessionStarted(message.epoch, message.session_present))
+        assert self._client is not None
+        # retainHandling=1: retained messages only for a new subscription, not on every reconnect.
+        options = SubscribeOptions(qos=self._s.qos, retainHandling=1)
+        self._client.subscribe([(topic, options) for topic in self._s.subscriptions])
+
+    def _handle_disconnected(self, message: _Disconnected) -> None:
+        if self._stopping:
+            return
+        assert self._client is not None
+        if message.epoch != self._client.epoch:
+            return  # a late report about a connection we already replaced
+        if self._state == "connected":
+            self._disconnects += 1
+        self._last_reason = message.reason
+        log.warning("%s: disconnected: %s", self._s.name, message.reason)
+        self._schedule_reconnect()
+
+    # -- connecting -------------------------------------------------------------------------
+
+    def _attempt(self) -> None:
+        client = self._client
+        assert client is not None
+        s = self._s
+        self._state = "connecting"
+        client.loop_stop()  # the previous network thread, if any, has ended or ends now
+        try:
+            if not self._ever_attempted(client):
+                properties = Properties(PacketTypes.CONNECT)
+                properties.SessionExpiryInterval = s.session_expiry_seconds
+                properties.ReceiveMaximum = s.receive_maximum
+                client.connect(
+                    s.host,
+                    s.port,
+                    keepalive=s.keepalive_seconds,
+                    clean_start=s.clean_start,
+                    properties=properties,
+                )
+            else:
+                client.reconnect()
+        except (OSError, ValueError) as error:
+            self._last_reason = f"connect failed: {error}"
+            log.warning("%s: cannot connect to %s:%d: %s", s.name, s.host, s.port, error)
+            self._schedule_reconnect()
+            return
+        if client.loop_start() != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            raise RuntimeError(f"{s.name}: paho network thread did not start")
+
+    @staticmethod
+    def _ever_attempted(client: LedgerClient) -> bool:
+        return client.epoch > 0
+
+    def _schedule_reconnect(self) -> None:
+        if not self._s.auto_reconnect:
+            self._state = "stopped"
+            log.error("%s: auto_reconnect is off; staying disconnected", self._s.name)
+            return
+        self._cancel_timer()
+        delay = self._backoff.next_delay()
+        self._state = "waiting"
+        self._next_attempt_at = self._clock.monotonic() + delay
+        log.info(
+            "%s: reconnecting in %.2f s (attempt %d)", self._s.name, delay, self._backoff.attempt
+        )
+        self._timer = self._clock.call_later(delay, lambda: self._tell(_Reconnect()))
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    # -- status -----------------------------------------------------------------------------
+
+    def state(self) -> ConnectionState:
+        next_in = None
+        if self._next_attempt_at is not None:
+            next_in = max(0.0, self._next_attempt_at - self._clock.monotonic())
+        return ConnectionState(
+            self._s.name,
+            self._state,
+            self._s.client_id,
+            self._last_reason,
+            self._connects,
+            self._disconnects,
+            next_in,
+        )

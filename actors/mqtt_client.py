@@ -1,0 +1,142 @@
+"""The paho-mqtt client, made to leave every inbound acknowledgement to the ledger.
+
+paho 2.2 sends PUBREC the moment a QoS 2 PUBLISH arrives and keeps the message only in memory until
+PUBREL; `manual_ack` defers PUBACK/PUBCOMP but never PUBREC (DESIGN §4). A crash in between loses
+the message. So this subclass takes over inbound PUBLISH and PUBREL: it turns each packet into an
+immutable message for the ledger and sends nothing. The ledger sends PUBACK / PUBREC / PUBCOMP
+through `send_ack` only after the row is committed.
+
+Acknowledgements are tagged with the connection epoch they belong to. After a reconnect the broker
+may give the same packet id to a different message (always, when the session was lost), so an ack
+decided for the previous connection must never go out on the new one.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import paho.mqtt.client as mqtt
+from paho.mqtt import _packet
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+
+log = logging.getLogger(__name__)
+
+
+class AckKind(enum.Enum):
+    PUBACK = "PUBACK"
+    PUBREC = "PUBREC"
+    PUBCOMP = "PUBCOMP"
+
+
+@dataclass(frozen=True, slots=True)
+class InboundPublish:
+    """One PUBLISH as it came off the wire."""
+
+    epoch: int
+    packet_id: int
+    qos: int
+    dup: bool
+    retain: bool
+    topic: str
+    topic_valid_utf8: bool
+    payload: bytes
+    expiry_interval: int | None
+    received_monotonic: float
+
+
+@dataclass(frozen=True, slots=True)
+class InboundPubrel:
+    epoch: int
+    packet_id: int
+
+
+class AckSender:
+    """What the ledger needs from a connection: send one ack, if the connection is still the one
+    the message arrived on."""
+
+    def send_ack(self, epoch: int, kind: AckKind, packet_id: int) -> bool:
+        raise NotImplementedError
+
+
+class LedgerClient(mqtt.Client, AckSender):
+    """MQTT 5 client whose inbound QoS 1/2 handshakes are driven by the ledger."""
+
+    def __init__(
+        self,
+        client_id: str,
+        on_publish_received: Callable[[InboundPublish], None],
+        on_pubrel_received: Callable[[InboundPubrel], None],
+        monotonic: Callable[[], float],
+    ) -> None:
+        super().__init__(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=MQTTProtocolVersion.MQTTv5,
+            # Our ConnectionActor owns reconnects and their backoff, on the injected clock.
+            reconnect_on_failure=False,
+            manual_ack=True,
+        )
+        self._on_publish_received = on_publish_received
+        self._on_pubrel_received = on_pubrel_received
+        self._monotonic = monotonic
+        self._ack_lock = threading.Lock()
+        self.epoch = 0
+
+    def reconnect(self) -> MQTTErrorCode:
+        # A new epoch before paho drops its queued packets: an ack raced in after this point is
+        # refused by send_ack, one queued before it is dropped with the old socket's queue.
+        with self._ack_lock:
+            self.epoch += 1
+        return super().reconnect()
+
+    def send_ack(self, epoch: int, kind: AckKind, packet_id: int) -> bool:
+        with self._ack_lock:
+            if epoch != self.epoch or not self.is_connected():
+                log.debug("dropped %s %d of epoch %d (now %d)", kind.value, packet_id, epoch, self.epoch)
+                return False
+            if kind is AckKind.PUBACK:
+                self._send_puback(packet_id)
+            elif kind is AckKind.PUBREC:
+                self._send_pubrec(packet_id)
+            else:
+                self._send_pubcomp(packet_id)
+            return True
+
+    # The two overrides below run on paho's network thread. They only translate: no ack leaves here.
+
+    def _handle_publish(self) -> MQTTErrorCode:
+        packet = _packet.decode_publish(
+            self._in_packet["command"], self._in_packet["packet"], self._protocol
+        )
+        try:
+            topic = packet.topic.decode("utf-8")
+            valid = True
+        except UnicodeDecodeError:
+            topic, valid = packet.topic.decode("utf-8", errors="replace"), False
+        expiry = getattr(packet.properties, "MessageExpiryInterval", None)
+        self._on_publish_received(
+            InboundPublish(
+                epoch=self.epoch,
+                packet_id=packet.mid,
+                qos=packet.qos,
+                dup=packet.dup,
+                retain=packet.retain,
+                topic=topic,
+                topic_valid_utf8=valid,
+                payload=bytes(packet.payload),
+                expiry_interval=expiry,
+                received_monotonic=self._monotonic(),
+            )
+        )
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _handle_pubrel(self) -> MQTTErrorCode:
+        packet = _packet.decode_pubrel(
+            self._in_packet["command"], self._in_packet["packet"], self._protocol
+        )
+        self._on_pubrel_received(InboundPubrel(epoch=self.epoch, packet_id=packet.mid))
+        return MQTTErrorCode.MQTT_ERR_SUCCESS

@@ -1,0 +1,127 @@
+"""`fxgate status`: what the gateway is doing, read from its data directory without disturbing it.
+
+The running daemon writes `status.json` every second (connection state, live counters); the
+ledger is read through a read-only SQLite connection (WAL lets it read while the daemon writes);
+the tables are counted with plain pyarrow, so no JVM is started.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from actors.config import Config
+from actors.daemon import status_path
+
+
+def _pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _ledger(path: Path) -> dict:
+    from persistence.database import open_engine
+
+    if not path.exists():
+        return {"exists": False}
+    engine = open_engine(path, readonly=True)
+    try:
+        with engine.connect() as conn:
+
+            def scalar(sql: str):
+                return conn.exec_driver_sql(sql).scalar()
+
+            last = conn.exec_driver_sql(
+                "SELECT batch_id, committed_time, rows, dead_letters FROM batches "
+                "WHERE state = 'committed' ORDER BY batch_id DESC LIMIT 1"
+            ).first()
+            return {
+                "exists": True,
+                "pending_messages": scalar(
+                    "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
+                ),
+                "awaiting_pubrel": scalar(
+                    "SELECT count(*) FROM inbound WHERE packet_id IS NOT NULL"
+                ),
+                "batches_committed": scalar(
+                    "SELECT count(*) FROM batches WHERE state = 'committed'"
+                ),
+                "batches_open": scalar("SELECT count(*) FROM batches WHERE state = 'writing'"),
+                "last_batch": None
+                if last is None
+                else {
+                    "batch_id": last[0],
+                    "committed_time": last[1],
+                    "rows": last[2],
+                    "dead_letters": last[3],
+                },
+            }
+    finally:
+        engine.dispose()
+
+
+def _tables(tables_dir: Path) -> dict:
+    from spark.tables import DEAD_LETTERS, READS, read_table_arrow
+
+    return {
+        name: read_table_arrow(tables_dir, name).num_rows for name in (READS, DEAD_LETTERS)
+    }
+
+
+def collect_status(config: Config) -> dict:
+    daemon: dict = {"running": False}
+    path = status_path(config)
+    if path.exists():
+        snapshot = json.loads(path.read_text())
+        daemon = {**snapshot, "running": _pid_alive(snapshot.get("pid"))}
+    return {
+        "daemon": daemon,
+        "ledger": _ledger(config.gateway.ledger_path),
+        "tables": _tables(config.spark.tables_path(config.gateway.data_path)),
+        "data_dir": str(config.gateway.data_path),
+    }
+
+
+def format_status(report: dict) -> str:
+    daemon = report["daemon"]
+    lines = [f"data dir:   {report['data_dir']}"]
+    if daemon.get("running"):
+        lines.append(f"daemon:     running (pid {daemon.get('pid')})")
+    else:
+        lines.append("daemon:     not running")
+    source = daemon.get("source")
+    if source:
+        reason = source.get("last_reason") or "-"
+        lines.append(
+            f"source:     {source['state']} as {source['client_id']} "
+            f"(connects {source['connects']}, disconnects {source['disconnects']}, "
+            f"last reason: {reason})"
+        )
+    ledger = report["ledger"]
+    if ledger.get("exists"):
+        lines.append(
+            f"ledger:     {ledger['pending_messages']} message(s) not yet in the table, "
+            f"{ledger['awaiting_pubrel']} QoS 2 awaiting PUBREL, "
+            f"{ledger['batches_open']} batch(es) open"
+        )
+        last = ledger.get("last_batch")
+        if last:
+            lines.append(
+                f"last batch: {last['batch_id']} ({last['rows']} rows, "
+                f"{last['dead_letters']} dead letters)"
+            )
+    else:
+        lines.append("ledger:     none yet")
+    tables = report["tables"]
+    lines.append(
+        f"tables:     reads {tables['reads']} rows, dead_letters {tables['dead_letters']} rows"
+    )
+    return "\n".join(lines)

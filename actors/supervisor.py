@@ -1,0 +1,207 @@
+"""Supervisor: starts the actors in dependency order, watches them, stops them in reverse.
+
+Order: ledger (owns the database) -> Spark writer -> pack actor -> source connection. The
+connection comes last so that nothing is acknowledged before the whole path can take it, and it
+goes first on the way down so that nothing new arrives while packs and batches are flushed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from dataclasses import asdict
+from pathlib import Path
+
+import pykka
+
+from actors.clock import Clock
+from actors.config import Config
+from actors.connection import ConnectionActor, ConnectionSettings
+from actors.pack import PackActor
+from persistence.inbound_ledger import Committed, InboundLedger
+from spark.writer import BatchWritten, ReplayBatch, SparkWriterActor
+
+log = logging.getLogger(__name__)
+
+STOP_TIMEOUT = 120.0
+ASK_TIMEOUT = 30.0
+
+
+class ActorCrashed(RuntimeError):
+    pass
+
+
+def source_settings(config: Config, environ=None) -> ConnectionSettings:
+    src = config.source
+    return ConnectionSettings(
+        name="source",
+        host=src.host,
+        port=src.port,
+        client_id=config.identity.client_id,
+        subscriptions=config.identity.subscriptions,
+        qos=src.qos,
+        username=src.username,
+        password=src.password(os.environ if environ is None else environ),
+        clean_start=src.clean_session,
+        session_expiry_seconds=src.session_expiry_interval_seconds,
+        keepalive_seconds=src.keepalive_seconds,
+        # One pack in flight from the broker while the ledger commits it (issue: receive max).
+        receive_maximum=config.packs.max_messages,
+        auto_reconnect=src.auto_reconnect,
+        reconnect_min_delay=src.reconnect_min_delay_seconds,
+        reconnect_max_delay=src.reconnect_max_delay_seconds,
+        reconnect_jitter=src.reconnect_jitter,
+    )
+
+
+def spark_session_factory(config: Config):
+    from spark.session import build_session
+
+    def make():
+        return build_session(
+            config.spark.master,
+            config.gateway.data_path / "spark",
+            driver_memory=config.spark.driver_memory,
+            conf=dict(config.spark.conf),
+        )
+
+    return make
+
+
+class Supervisor:
+    def __init__(self, config: Config, clock: Clock, *, session_factory=None, session_closer=None):
+        self.config = config
+        self.clock = clock
+        self._session_factory = session_factory or spark_session_factory(config)
+        if session_closer is None and session_factory is None:
+            from spark.session import stop_session
+
+            session_closer = stop_session
+        self._session_closer = session_closer
+        self._actors: list[tuple[str, pykka.ActorRef]] = []
+        self._batch_lock = threading.Lock()
+        self.last_batch: BatchWritten | None = None
+        self.batches_written = 0
+        self.batch_written = threading.Condition(self._batch_lock)
+
+    # -- start / stop -----------------------------------------------------------------------
+
+    def start(self) -> None:
+        cfg = self.config
+        for line in cfg.summary_lines():
+            log.info("%s", line)
+        try:
+            ledger = self._start(
+                "ledger",
+                InboundLedger,
+                cfg.gateway.data_path / "ledger.sqlite",
+                self.clock,
+                durability=cfg.gateway.durability,
+                group_commit_max_messages=cfg.ledger.group_commit_max_messages,
+                group_commit_max_delay=cfg.ledger.group_commit_max_delay_seconds,
+                # A landed key is kept as long as the broker may still redeliver its message.
+                retention_seconds=cfg.source.session_expiry_interval_seconds + 600.0,
+            )
+            recovery = ledger.proxy().recovery().get(timeout=ASK_TIMEOUT)
+            writer = self._start(
+                "spark-writer",
+                SparkWriterActor,
+                ledger.proxy(),
+                self.clock,
+                cfg.spark.tables_path(cfg.gateway.data_path),
+                self._session_factory,
+                self._session_closer,
+                batch_max_rows=cfg.spark.batch_max_rows,
+                batch_max_seconds=cfg.spark.batch_max_seconds,
+                on_batch=self._on_batch,
+            )
+            pack = self._start(
+                "packs",
+                PackActor,
+                writer,
+                self.clock,
+                max_messages=cfg.packs.max_messages,
+                linger_seconds=cfg.packs.linger_seconds,
+                next_pack_id=recovery.next_pack_id,
+            )
+            ledger.proxy().set_listener(pack).get(timeout=ASK_TIMEOUT)
+            for batch_id, records in recovery.open_batches:
+                writer.tell(ReplayBatch(batch_id, records))
+            if recovery.loose:
+                pack.tell(Committed(recovery.loose))
+            self._start("source", ConnectionActor, source_settings(cfg), self.clock, ledger)
+        except Exception:
+            self.stop()
+            raise
+        log.info("fxgate started: %s", ", ".join(name for name, _ in self._actors))
+
+    def _start(self, name: str, actor_class, *args, **kwargs) -> pykka.ActorRef:
+        ref = actor_class.start(*args, **kwargs)
+        self._actors.append((name, ref))
+        log.info("started %s", name)
+        return ref
+
+    def stop(self) -> None:
+        """Stop in reverse order; each actor finishes what is in its mailbox first."""
+        while self._actors:
+            name, ref = self._actors.pop()
+            if name == "source":
+                self._flush_acks()
+            try:
+                stopped = ref.stop(block=True, timeout=STOP_TIMEOUT)
+            except pykka.Timeout:
+                log.error("%s did not stop within %.0f s", name, STOP_TIMEOUT)
+                continue
+            log.info("stopped %s%s", name, "" if stopped else " (it had already died)")
+
+    def _flush_acks(self) -> None:
+        """Commit and ack what the ledger holds before the source disconnects, so the broker
+        does not redeliver it on the next start (harmless, but wasted work)."""
+        ledger = self.ref("ledger")
+        if ledger is not None and ledger.is_alive():
+            try:
+                ledger.proxy().stats().get(timeout=ASK_TIMEOUT)
+            except (pykka.ActorDeadError, pykka.Timeout):
+                pass
+
+    # -- watching ---------------------------------------------------------------------------
+
+    def ref(self, name: str) -> pykka.ActorRef | None:
+        return dict(self._actors).get(name)
+
+    def check_alive(self) -> None:
+        for name, ref in self._actors:
+            if not ref.is_alive():
+                raise ActorCrashed(f"actor {name} died; see the traceback above")
+
+    def _on_batch(self, batch: BatchWritten) -> None:
+        with self.batch_written:
+            self.last_batch = batch
+            self.batches_written += 1
+            self.batch_written.notify_all()
+
+    def status(self) -> dict:
+        """A snapshot for `fxgate status`; never blocks for long on a busy actor."""
+        out: dict = {"actors": {name: ref.is_alive() for name, ref in self._actors}}
+        source = self.ref("source")
+        ledger = self.ref("ledger")
+        try:
+            if source is not None and source.is_alive():
+                out["source"] = asdict(source.proxy().state().get(timeout=5))
+            if ledger is not None and ledger.is_alive():
+                out["ledger"] = ledger.proxy().stats().get(timeout=5)
+        except (pykka.Timeout, pykka.ActorDeadError):
+            out["stale"] = True
+        with self._batch_lock:
+            out["batches_written"] = self.batches_written
+            out["last_batch"] = asdict(self.last_batch) if self.last_batch else None
+        out["wall_time"] = self.clock.wall()
+        out["pid"] = os.getpid()
+        return out
+
+    def write_status(self, path: Path) -> None:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.status(), indent=2, sort_keys=True))
+        os.replace(tmp, path)

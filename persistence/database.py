@@ -1,0 +1,113 @@
+"""The ledger's SQLite database: tables, and an engine opened with the chosen durability.
+
+`process` durability is WAL with synchronous=NORMAL: a commit survives `kill -9` of the daemon
+(the WAL is in the OS page cache) but not a power cut. `power` is synchronous=FULL: every commit is
+fsynced before it returns, so it survives power loss too (DESIGN §3.7).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from sqlalchemy import (
+    Column,
+    Engine,
+    Float,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Table,
+    create_engine,
+    event,
+    text,
+)
+
+log = logging.getLogger(__name__)
+
+metadata = MetaData()
+
+# One row per accepted inbound MQTT message. A row moves: committed (batch_id NULL) -> in a batch
+# being written (batch_id set) -> landed (landed_time set, payload dropped). Landed rows stay, key
+# only, for `retention` so that a late redelivery of the same message is recognised and acked
+# without a second row; `packet_id` is set while a QoS 2 exchange waits for the broker's PUBREL.
+inbound = Table(
+    "inbound",
+    metadata,
+    Column("seq", Integer, primary_key=True, autoincrement=True),
+    Column("message_key", String, nullable=False, unique=True),
+    Column("topic", String, nullable=False),
+    Column("payload", LargeBinary, nullable=True),
+    Column("qos", Integer, nullable=False),
+    Column("packet_id", Integer, nullable=True),
+    Column("received_time", Float, nullable=False),
+    Column("pack_id", Integer, nullable=True),
+    Column("batch_id", Integer, nullable=True),
+    Column("landed_time", Float, nullable=True),
+    sqlite_autoincrement=True,
+)
+Index("inbound_packet_id", inbound.c.packet_id, sqlite_where=inbound.c.packet_id.isnot(None))
+Index("inbound_batch_id", inbound.c.batch_id)
+Index("inbound_landed_time", inbound.c.landed_time)
+
+# A batch id is recorded here before its Spark job starts, so a crash at any point replays the same
+# batch with the same rows into the same partitions (an overwrite, never a second append).
+batches = Table(
+    "batches",
+    metadata,
+    Column("batch_id", Integer, primary_key=True, autoincrement=True),
+    Column("state", String, nullable=False),  # writing | committed
+    Column("started_time", Float, nullable=False),
+    Column("committed_time", Float, nullable=True),
+    Column("messages", Integer, nullable=False),
+    Column("rows", Integer, nullable=True),
+    Column("dead_letters", Integer, nullable=True),
+    sqlite_autoincrement=True,
+)
+
+# Small named counters that must never go back across restarts (pack ids).
+counters = Table(
+    "counters",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("value", Integer, nullable=False),
+)
+
+SYNCHRONOUS = {"process": "NORMAL", "power": "FULL"}
+
+
+def open_engine(path: Path, durability: str = "process", readonly: bool = False) -> Engine:
+    """An engine whose every connection has WAL and the durability's synchronous level.
+
+    Create it (and its connections) in the thread that will use it: sqlite3 connections refuse
+    other threads.
+    """
+    if durability not in SYNCHRONOUS:
+        raise ValueError(f"durability must be one of {sorted(SYNCHRONOUS)}, not {durability!r}")
+    path = Path(path)
+    if readonly:
+        url = f"sqlite:///file:{path}?mode=ro&uri=true"
+    else:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        url = f"sqlite:///{path}"
+    engine = create_engine(url)
+
+    @event.listens_for(engine, "connect")
+    def _pragmas(dbapi_connection, _record) -> None:
+        cursor = dbapi_connection.cursor()
+        if not readonly:
+            cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
+        cursor.execute("PRAGMA busy_timeout=5000")
+        cursor.close()
+
+    if not readonly:
+        metadata.create_all(engine)
+    return engine
+
+
+def pragma(engine: Engine, name: str) -> str:
+    with engine.connect() as conn:
+        return str(conn.execute(text(f"PRAGMA {name}")).scalar())

@@ -1,0 +1,383 @@
+"""InboundLedger: the actor that owns the ledger database and every inbound acknowledgement.
+
+A message is acknowledged to the broker only after its row is committed (DESIGN §2, §3.3):
+QoS 1 PUBACK, QoS 2 PUBREC (paho would send it on arrival; see actors.mqtt_client) and the QoS 2
+PUBCOMP after the release is recorded. Acks wait for a group commit that is shared by everything
+that arrived meanwhile, so durability costs one fsync per group, not per message.
+
+Duplicates are recognised by the message's idempotency key, which stays in the ledger for
+`retention_seconds` after the row has landed: a QoS 1 redelivery (DUP=1) or a QoS 2 re-sent PUBLISH
+of a stored message is acknowledged again without a second row.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pykka
+from sqlalchemy import Connection, select
+
+from actors.clock import Clock, TimerHandle
+from actors.mqtt_client import AckKind, AckSender, InboundPubrel, InboundPublish
+from persistence import database as db
+from persistence.keys import message_key as default_message_key
+
+log = logging.getLogger(__name__)
+
+PACK_COUNTER = "pack_id"
+
+
+@dataclass(frozen=True, slots=True)
+class LedgerRecord:
+    """A committed inbound message, as it travels to packs and the Spark writer."""
+
+    seq: int
+    message_key: str
+    topic: str
+    payload: bytes
+    qos: int
+    received_time: float
+    pack_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """A packet from the source connection, with the way back for its acknowledgement."""
+
+    packet: InboundPublish | InboundPubrel
+    acks: AckSender
+
+
+@dataclass(frozen=True, slots=True)
+class SessionStarted:
+    """CONNACK arrived. Without a session present the broker has forgotten every packet id."""
+
+    epoch: int
+    session_present: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """Told to the listener after each group commit: new rows, in arrival order."""
+
+    records: tuple[LedgerRecord, ...]
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """What a previous run left unfinished: batches begun but not committed (replay them as they
+    were), and committed rows not yet in a batch (pack them again)."""
+
+    open_batches: tuple[tuple[int, tuple[LedgerRecord, ...]], ...]
+    loose: tuple[LedgerRecord, ...]
+    next_pack_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Flush:
+    pass
+
+
+@dataclass
+class _Group:
+    """Work done in the open transaction whose effects wait for its commit."""
+
+    acks: list[tuple[AckSender, int, AckKind, int]] = field(default_factory=list)
+    records: list[LedgerRecord] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.acks)
+
+
+class InboundLedger(pykka.ThreadingActor):
+    def __init__(
+        self,
+        path: Path,
+        clock: Clock,
+        *,
+        durability: str = "process",
+        group_commit_max_messages: int = 200,
+        group_commit_max_delay: float = 0.005,
+        retention_seconds: float = 3600.0 + 600.0,
+        key: Callable[[str, bytes], str] = default_message_key,
+    ) -> None:
+        super().__init__()
+        self._path = Path(path)
+        self._clock = clock
+        self._durability = durability
+        self._group_max = group_commit_max_messages
+        self._group_delay = group_commit_max_delay
+        self._retention = retention_seconds
+        self._key = key
+        self._listener: pykka.ActorRef | None = None
+        self._conn: Connection | None = None
+        self._group = _Group()
+        self._flush_timer: TimerHandle | None = None
+        self._flush_pending = False
+        # packet id -> (seq, key) of QoS 2 messages whose PUBREL has not come yet.
+        self._awaiting_pubrel: dict[int, tuple[int, str]] = {}
+        self.counts = {"accepted": 0, "duplicates": 0, "unknown_pubrel": 0, "commits": 0}
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        self._engine = db.open_engine(self._path, self._durability)
+        self._conn = self._engine.connect()
+        rows = self._conn.execute(
+            select(db.inbound.c.packet_id, db.inbound.c.seq, db.inbound.c.message_key).where(
+                db.inbound.c.packet_id.isnot(None)
+            )
+        )
+        self._awaiting_pubrel = {pid: (seq, key) for pid, seq, key in rows}
+        self._conn.commit()
+        log.info(
+            "inbound ledger open at %s (durability %s, %d QoS 2 exchanges awaiting PUBREL)",
+            self._path,
+            self._durability,
+            len(self._awaiting_pubrel),
+        )
+
+    def on_stop(self) -> None:
+        self._commit()
+        if self._conn is not None:
+            self._conn.close()
+            self._engine.dispose()
+        log.info("inbound ledger closed")
+
+    def on_failure(self, exception_type, exception_value, traceback) -> None:
+        if self._conn is not None:
+            self._conn.close()
+
+    # -- wiring -----------------------------------------------------------------------------
+
+    def set_listener(self, listener: pykka.ActorRef) -> None:
+        """The actor told `Committed` after each group commit (the PackActor)."""
+        self._listener = listener
+
+    # -- the inbound protocol ---------------------------------------------------------------
+
+    def on_receive(self, message: object) -> None:
+        if isinstance(message, Inbound):
+            if isinstance(message.packet, InboundPublish):
+                self._on_publish(message.packet, message.acks)
+            else:
+                self._on_pubrel(message.packet, message.acks)
+        elif isinstance(message, _Flush):
+            self._flush_pending = False
+            self._commit()
+        elif isinstance(message, SessionStarted):
+            self._on_session(message)
+        else:
+            log.warning("inbound ledger ignored %r", message)
+
+    def _on_publish(self, publish: InboundPublish, acks: AckSender) -> None:
+        key = self._key(publish.topic, publish.payload)
+        seq = self._insert(publish, key)
+        if seq is None:
+            self.counts["duplicates"] += 1
+            log.debug("duplicate %s (packet %d, dup=%s)", key, publish.packet_id, publish.dup)
+        if publish.qos == 2:
+            if seq is None:
+                seq = self._seq_of(key)
+            previous = self._awaiting_pubrel.get(publish.packet_id)
+            if previous is not None and previous[1] != key:
+                # The broker reused the id for another message: the old exchange is over.
+                self._set_packet_id(previous[0], None)
+            self._set_packet_id(seq, publish.packet_id)
+            self._awaiting_pubrel[publish.packet_id] = (seq, key)
+            self._defer_ack(acks, publish.epoch, AckKind.PUBREC, publish.packet_id)
+        elif publish.qos == 1:
+            self._defer_ack(acks, publish.epoch, AckKind.PUBACK, publish.packet_id)
+        else:
+            self._schedule_flush()
+
+    def _on_pubrel(self, pubrel: InboundPubrel, acks: AckSender) -> None:
+        known = self._awaiting_pubrel.pop(pubrel.packet_id, None)
+        if known is None:
+            # Not ours: acknowledging lets the broker finish an exchange we have no record of
+            # (it cannot be a message we lost: PUBREC left only after a commit).
+            self.counts["unknown_pubrel"] += 1
+            log.warning("PUBREL for packet id %d that the ledger never stored", pubrel.packet_id)
+        else:
+            self._set_packet_id(known[0], None)
+        self._defer_ack(acks, pubrel.epoch, AckKind.PUBCOMP, pubrel.packet_id)
+
+    def _on_session(self, message: SessionStarted) -> None:
+        if not message.session_present and self._awaiting_pubrel:
+            log.warning(
+                "broker session was not present: forgetting %d QoS 2 packet ids awaiting PUBREL "
+                "(their messages are stored)",
+                len(self._awaiting_pubrel),
+            )
+            for seq, _key in self._awaiting_pubrel.values():
+                self._set_packet_id(seq, None)
+            self._awaiting_pubrel.clear()
+            self._commit()
+
+    # -- the open transaction ---------------------------------------------------------------
+
+    def _insert(self, publish: InboundPublish, key: str) -> int | None:
+        assert self._conn is not None
+        received = self._clock.wall()
+        result = self._conn.exec_driver_sql(
+            "INSERT INTO inbound (message_key, topic, payload, qos, received_time) "
+            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (message_key) DO NOTHING",
+            (key, publish.topic, publish.payload, publish.qos, received),
+        )
+        if result.rowcount == 0:
+            return None
+        seq = result.lastrowid
+        self._group.records.append(
+            LedgerRecord(seq, key, publish.topic, publish.payload, publish.qos, received)
+        )
+        self.counts["accepted"] += 1
+        return seq
+
+    def _seq_of(self, key: str) -> int:
+        assert self._conn is not None
+        return self._conn.exec_driver_sql(
+            "SELECT seq FROM inbound WHERE message_key = ?", (key,)
+        ).scalar_one()
+
+    def _set_packet_id(self, seq: int, packet_id: int | None) -> None:
+        assert self._conn is not None
+        self._conn.exec_driver_sql(
+            "UPDATE inbound SET packet_id = ? WHERE seq = ?", (packet_id, seq)
+        )
+
+    def _defer_ack(self, acks: AckSender, epoch: int, kind: AckKind, packet_id: int) -> None:
+        self._group.acks.append((acks, epoch, kind, packet_id))
+        if len(self._group) >= self._group_max:
+            self._commit()
+        else:
+            self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._flush_pending:
+            return
+        self._flush_pending = True
+        if self._group_delay <= 0:
+            # Queued behind every packet already in the mailbox: the group is whatever arrived.
+            self.actor_ref.tell(_Flush())
+        else:
+            self._flush_timer = self._clock.call_later(self._group_delay, self._tell_flush)
+
+    def _tell_flush(self) -> None:
+        try:
+            self.actor_ref.tell(_Flush())
+        except pykka.ActorDeadError:
+            pass
+
+    def _commit(self) -> None:
+        """Commit the open transaction, then release what waited for it: acks, then records."""
+        assert self._conn is not None
+        self._conn.commit()
+        group, self._group = self._group, _Group()
+        if not group.acks and not group.records:
+            return
+        self.counts["commits"] += 1
+        for acks, epoch, kind, packet_id in group.acks:
+            acks.send_ack(epoch, kind, packet_id)
+        if group.records and self._listener is not None:
+            self._listener.tell(Committed(tuple(group.records)))
+
+    # -- batches (asked by the Spark writer) ------------------------------------------------
+
+    def recovery(self) -> Recovery:
+        assert self._conn is not None
+        self._commit()
+        open_batches = []
+        for (batch_id,) in self._conn.execute(
+            select(db.batches.c.batch_id)
+            .where(db.batches.c.state == "writing")
+            .order_by(db.batches.c.batch_id)
+        ):
+            open_batches.append((batch_id, self._records(db.inbound.c.batch_id == batch_id)))
+        loose = self._records(
+            db.inbound.c.batch_id.is_(None) & db.inbound.c.landed_time.is_(None)
+        )
+        next_pack_id = self._counter(PACK_COUNTER) + 1
+        self._conn.commit()
+        if open_batches or loose:
+            log.info(
+                "recovery: %d unfinished batch(es) to replay, %d stored message(s) to pack",
+                len(open_batches),
+                len(loose),
+            )
+        return Recovery(tuple(open_batches), loose, next_pack_id)
+
+    def _records(self, where) -> tuple[LedgerRecord, ...]:
+        assert self._conn is not None
+        c = db.inbound.c
+        rows = self._conn.execute(
+            select(
+                c.seq, c.message_key, c.topic, c.payload, c.qos, c.received_time, c.pack_id
+            )
+            .where(where)
+            .order_by(c.seq)
+        )
+        return tuple(LedgerRecord(*row) for row in rows)
+
+    def _counter(self, name: str) -> int:
+        assert self._conn is not None
+        value = self._conn.exec_driver_sql(
+            "SELECT value FROM counters WHERE name = ?", (name,)
+        ).scalar()
+        return int(value or 0)
+
+    def begin_batch(self, packs: Sequence[tuple[int, Sequence[int]]]) -> int:
+        """Record a batch and the packs (pack id, row seqs) it holds, before its Spark job."""
+        assert self._conn is not None
+        seqs = sum(len(s) for _, s in packs)
+        result = self._conn.execute(
+            db.batches.insert().values(
+                state="writing", started_time=self._clock.wall(), messages=seqs
+            )
+        )
+        batch_id = result.inserted_primary_key[0]
+        self._conn.exec_driver_sql(
+            "UPDATE inbound SET pack_id = ?, batch_id = ? WHERE seq = ?",
+            [(pack_id, batch_id, seq) for pack_id, pack_seqs in packs for seq in pack_seqs],
+        )
+        self._conn.exec_driver_sql(
+            "INSERT INTO counters (name, value) VALUES (?, ?) "
+            "ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)",
+            (PACK_COUNTER, max(pack_id for pack_id, _ in packs)),
+        )
+        self._commit()
+        return batch_id
+
+    def commit_batch(self, batch_id: int, rows: int, dead_letters: int) -> None:
+        """The batch is in the tables: mark it, drop its payloads, prune old landed keys."""
+        assert self._conn is not None
+        now = self._clock.wall()
+        self._conn.exec_driver_sql(
+            "UPDATE batches SET state = 'committed', committed_time = ?, rows = ?, "
+            "dead_letters = ? WHERE batch_id = ?",
+            (now, rows, dead_letters, batch_id),
+        )
+        self._conn.exec_driver_sql(
+            "UPDATE inbound SET payload = NULL, landed_time = ? WHERE batch_id = ?",
+            (now, batch_id),
+        )
+        self._conn.exec_driver_sql(
+            "DELETE FROM inbound WHERE landed_time < ? AND packet_id IS NULL",
+            (now - self._retention,),
+        )
+        self._commit()
+
+    # -- status -----------------------------------------------------------------------------
+
+    def stats(self) -> dict[str, int]:
+        assert self._conn is not None
+        pending = self._conn.exec_driver_sql(
+            "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
+        ).scalar_one()
+        return {
+            **self.counts,
+            "pending": pending,
+            "awaiting_pubrel": len(self._awaiting_pubrel),
+        }

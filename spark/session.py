@@ -1,0 +1,184 @@
+"""Build and stop the one SparkSession the daemon owns (the SparkWriterActor is its only user).
+
+Settings come from DESIGN §4: loopback-only networking, no UI, two shuffle partitions, a small
+driver, dynamic partition overwrite (the table writer also sets it on every write), UTC, Arrow,
+and every scratch file of the JVM under the caller's `work_dir`, because killed runs leave
+their files behind in whatever temp dir they used.
+
+`stop_session` stops the SparkContext *and* the JVM: `SparkSession.stop()` alone leaves the py4j
+gateway JVM running for the life of the Python process, and a daemon that restarts its Spark
+writer would otherwise pile up JVMs.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from subprocess import TimeoutExpired
+
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
+# Seconds to wait for the JVM to exit once its stdin is closed before killing it.
+_JVM_EXIT_TIMEOUT = 10.0
+
+# Root at WARN; loggers that print warnings nobody can act on go to ERROR.
+_LOG4J2_PROPERTIES = """\
+status = error
+name = fxgate
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+rootLogger.level = warn
+rootLogger.appenderRef.stdout.ref = console
+logger.spark.name = org.apache.spark
+logger.spark.level = warn
+# Printed on every start because we set spark.local.dir; nothing to act on in local mode.
+logger.sparkconf.name = org.apache.spark.SparkConf
+logger.sparkconf.level = warn
+logger.sparkconf.filter.localdir.type = RegexFilter
+logger.sparkconf.filter.localdir.regex = .*spark.local.dir will be overridden.*
+logger.sparkconf.filter.localdir.onMatch = DENY
+logger.sparkconf.filter.localdir.onMismatch = NEUTRAL
+logger.hadoop.name = org.apache.hadoop
+logger.hadoop.level = error
+logger.nativecode.name = org.apache.hadoop.util.NativeCodeLoader
+logger.nativecode.level = error
+logger.sparkutils.name = org.apache.spark.util.Utils
+logger.sparkutils.level = error
+logger.sparkenv.name = org.apache.spark.SparkEnv
+logger.sparkenv.level = error
+logger.parquet.name = org.apache.parquet
+logger.parquet.level = error
+logger.parquet2.name = parquet
+logger.parquet2.level = error
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = error
+logger.netty.name = io.netty
+logger.netty.level = error
+logger.zookeeper.name = org.apache.zookeeper
+logger.zookeeper.level = error
+logger.hive.name = org.apache.hadoop.hive
+logger.hive.level = error
+logger.codegen.name = org.apache.spark.sql.catalyst.expressions.codegen
+logger.codegen.level = error
+logger.memory.name = org.apache.spark.memory
+logger.memory.level = error
+logger.blockmanager.name = org.apache.spark.storage
+logger.blockmanager.level = error
+logger.arrow.name = org.apache.arrow
+logger.arrow.level = error
+"""
+
+
+def _java_option(name: str, value: Path) -> str:
+    # Spark's launcher splits extraJavaOptions like a shell and strips double quotes.
+    return f'-D{name}="{value}"'
+
+
+def build_session(
+    master: str,
+    work_dir: Path,
+    app_name: str = "fxgate",
+    driver_memory: str = "512m",
+    conf: Mapping[str, object] = {},  # noqa: B006 - read only, never mutated
+) -> SparkSession:
+    """Start a SparkSession whose scratch files and logs stay under `work_dir`.
+
+    Entries of `conf` are applied last, so they override every default set here (overriding
+    `spark.driver.extraJavaOptions` drops the quiet log4j config and the private tmpdir).
+    Only one session per process: a second call returns the running session with
+    `conf` applied only where Spark allows changing it at run time.
+    """
+    # Before the JVM starts: without it Spark resolves the host name and warns when that
+    # resolves to a loopback address, and binds its driver ports to every interface.
+    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+
+    work_dir = Path(work_dir).absolute()
+    local_dir = work_dir / "local"
+    tmp_dir = work_dir / "tmp"
+    for directory in (local_dir, tmp_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    log4j_file = work_dir / "log4j2.properties"
+    log4j_file.write_text(_LOG4J2_PROPERTIES)
+
+    settings: dict[str, object] = {
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.shuffle.partitions": "2",
+        "spark.driver.memory": driver_memory,
+        "spark.sql.sources.partitionOverwriteMode": "dynamic",
+        "spark.local.dir": str(local_dir),
+        # Left at its default, it creates ./spark-warehouse in whatever directory we run from.
+        "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
+        "spark.driver.extraJavaOptions": " ".join(
+            [
+                _java_option("java.io.tmpdir", tmp_dir),
+                _java_option("log4j2.configurationFile", log4j_file),
+            ]
+        ),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # Spark's default INT96 timestamps come back from pyarrow as naive nanoseconds; the
+        # non-Spark readers must see the same timestamp[us, UTC] that was written.
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+    }
+    settings.update(conf)
+
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, str(value))
+
+    # Measured here (2 vCPU, pyspark 4.3.0, Java 17, local[2]): 4.4-5.1 s cold.
+    started = time.perf_counter()
+    session = builder.getOrCreate()
+    logger.info(
+        "Spark session started: master %s in %.1f s", master, time.perf_counter() - started
+    )
+    return session
+
+
+def stop_session(session: SparkSession | None) -> None:
+    """Stop `session`, its SparkContext and the gateway JVM; a no-op when already stopped.
+
+    After it returns the JVM process has exited (and was reaped), so a new `build_session`
+    in the same process starts a fresh JVM.
+    """
+    if session is not None and getattr(session.sparkContext, "_jsc", None) is not None:
+        try:
+            session.stop()
+        except Exception:  # a crashed JVM must not keep us from reaping it below
+            logger.warning("Spark session did not stop cleanly", exc_info=True)
+
+    with SparkContext._lock:
+        gateway = SparkContext._gateway
+        SparkContext._gateway = None
+        SparkContext._jvm = None
+        SparkContext._active_spark_context = None
+    if gateway is None:
+        return
+    proc = getattr(gateway, "proc", None)
+    try:
+        gateway.shutdown()
+    except Exception:
+        logger.warning("py4j gateway did not shut down cleanly", exc_info=True)
+    if proc is None:  # a gateway we did not launch (PYSPARK_GATEWAY_PORT): not ours to end
+        return
+    # Spark's PythonGatewayServer exits when its stdin reaches EOF.
+    if proc.stdin is not None:
+        proc.stdin.close()
+    try:
+        proc.wait(timeout=_JVM_EXIT_TIMEOUT)
+    except TimeoutExpired:
+        logger.warning("Spark JVM pid %s did not exit in %s s; killing it", proc.pid,
+                       _JVM_EXIT_TIMEOUT)
+        proc.kill()
+        proc.wait()
+    logger.info("Spark session stopped")

@@ -1,0 +1,216 @@
+"""Idempotent batch writes of the Parquet tables, and the two ways to read them back.
+
+Layout: ``{tables_dir}/{table}/date=YYYY-MM-DD/batch_id=N/part-*.parquet``. Every write is an
+overwrite in *dynamic* partition mode, so writing batch N again replaces exactly the
+``batch_id=N`` partitions it contains and leaves every other batch alone. That is what makes the
+Spark leg exactly-once: the caller may replay a batch any number of times (after a crash, a
+restart, a failed job) and the table still holds each row once. The mode is passed as an option
+on every write, not only in the session conf, because a static overwrite of a partitioned path
+deletes the whole table (DESIGN §4); a session whose conf someone changed must not do that.
+
+What a killed write leaves behind (observed with pyspark 4.3, local mode, SIGKILL mid-job):
+tasks write under ``{table}/.spark-staging-<job uuid>/`` (with Hadoop's ``_temporary/0/...``
+attempt directories inside it); only the job commit moves finished partition directories into
+place, one rename per partition. A job killed before its commit therefore leaves
+``.spark-staging-*`` (and possibly ``_temporary``) directories full of complete-looking Parquet
+files, and nothing in the table proper. Both readers skip them: Spark's file index ignores every
+path component starting with ``.`` or ``_``, and ``pyarrow.dataset`` ignores the same prefixes
+(``ignore_prefixes`` default), so neither sees a partial batch from such leftovers. A kill in the
+middle of the commit can leave some partitions of the batch renamed and others not (a batch that
+spans two dates is then half visible) -- replaying the batch heals that, as it heals a crash
+between the tables of one batch. `clean_staging` removes the leftovers to reclaim the disk space;
+call it only while no write is running (at start-up).
+
+Type round trip (Spark writes, `read_table_arrow` reads; both seen in tests/spark/test_tables.py):
+string, int16, int32, int64, float64 and binary come back as the same Arrow types;
+``timestamp[us, tz=UTC]`` comes back as ``timestamp[us, tz=UTC]`` because the session writes
+TIMESTAMP_MICROS (Spark's INT96 default would come back as naive nanoseconds). Tz-naive Arrow
+timestamps are taken as UTC by Spark (the session time zone) and come back tz-aware. The
+partition columns come back as ``date: string`` and ``batch_id: int64`` from both readers, last in
+column order.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import shutil
+import time
+from collections.abc import Mapping
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+from pyspark.errors import AnalysisException
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+logger = logging.getLogger(__name__)
+
+READS = "reads"
+DEAD_LETTERS = "dead_letters"
+
+DATE = "date"
+BATCH_ID = "batch_id"
+PARTITION_COLUMNS = (DATE, BATCH_ID)
+PARTITION_SCHEMA = pa.schema([(DATE, pa.string()), (BATCH_ID, pa.int64())])
+
+_TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+_DATE_VALUE = r"^\d{4}-\d{2}-\d{2}$"
+# Spark says this when the path does not exist or holds no data file yet.
+_NO_DATA_CONDITIONS = frozenset({"PATH_NOT_FOUND", "UNABLE_TO_INFER_SCHEMA"})
+
+
+def table_path(tables_dir: Path | str, name: str) -> str:
+    """Location of table `name`; `tables_dir` may be a local path or any Hadoop URI."""
+    if not _TABLE_NAME.match(name):
+        raise ValueError(f"invalid table name {name!r}")
+    return f"{str(tables_dir).rstrip('/')}/{name}"
+
+
+class TableWriter:
+    """Writes one batch of tables; a replayed batch id replaces what that id wrote before."""
+
+    def __init__(self, session: SparkSession, tables_dir: Path | str) -> None:
+        self._session = session
+        self._tables_dir = str(tables_dir)
+
+    def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
+        """Write every table of batch `batch_id`; return the rows written per table.
+
+        Each table needs a string column `date` ('YYYY-MM-DD'); a `batch_id` column is added
+        when missing (and must equal `batch_id` when present). Empty tables start no job and
+        count 0. Tables are written one after the other, each in its own Spark job, so a crash
+        can leave the batch written to some tables only: the caller heals that by replaying the
+        whole batch. Everything is validated before the first write.
+        """
+        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
+            raise ValueError(f"batch_id must be a non-negative int, got {batch_id!r}")
+        prepared = {
+            table_path(self._tables_dir, name): (name, _with_partition_columns(table, batch_id))
+            for name, table in tables.items()
+        }
+        started = time.perf_counter()
+        written: dict[str, int] = {}
+        for path, (name, table) in prepared.items():
+            written[name] = table.num_rows
+            if table.num_rows == 0:
+                continue
+            (
+                self._session.createDataFrame(table)
+                .write.mode("overwrite")
+                .option("partitionOverwriteMode", "dynamic")
+                .partitionBy(*PARTITION_COLUMNS)
+                .parquet(path)
+            )
+        logger.info(
+            "Batch %s written in %.2f s: %s",
+            batch_id,
+            time.perf_counter() - started,
+            ", ".join(f"{name}={rows}" for name, rows in written.items()),
+        )
+        return written
+
+
+def _with_partition_columns(table: pa.Table, batch_id: int) -> pa.Table:
+    names = table.schema.names
+    if DATE not in names:
+        raise ValueError(f"table has no {DATE!r} column (columns: {names})")
+    date = table.column(DATE)
+    if not (pa.types.is_string(date.type) or pa.types.is_large_string(date.type)):
+        raise ValueError(f"column {DATE!r} must be a 'YYYY-MM-DD' string, not {date.type}")
+    if table.num_rows and (
+        date.null_count or not pc.all(pc.match_substring_regex(date, _DATE_VALUE)).as_py()
+    ):
+        raise ValueError(f"column {DATE!r} holds a null or a value not shaped 'YYYY-MM-DD'")
+    table = table.set_column(names.index(DATE), DATE, date.cast(pa.string()))
+
+    if BATCH_ID not in names:
+        return table.append_column(
+            pa.field(BATCH_ID, pa.int64(), nullable=False),
+            pa.repeat(pa.scalar(batch_id, pa.int64()), table.num_rows),
+        )
+    ids = table.column(BATCH_ID).cast(pa.int64())
+    if table.num_rows and (ids.null_count or not pc.all(pc.equal(ids, batch_id)).as_py()):
+        raise ValueError(f"column {BATCH_ID!r} holds values other than {batch_id}")
+    return table.set_column(names.index(BATCH_ID), BATCH_ID, ids)
+
+
+def clean_staging(tables_dir: Path) -> list[Path]:
+    """Delete what killed write jobs left under `tables_dir`; return the removed paths.
+
+    Removes `.spark-staging-*` and `_temporary` entries at any depth. Both readers already
+    ignore them; this only reclaims space. Never call it while a write is running: those
+    directories are then the running job's output.
+    """
+    removed: list[Path] = []
+    for root, dirnames, filenames in os.walk(tables_dir):
+        for name in list(dirnames) + filenames:
+            if not (name.startswith(".spark-staging") or name == "_temporary"):
+                continue
+            path = Path(root) / name
+            if name in dirnames:
+                dirnames.remove(name)  # do not walk into what is being deleted
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path)
+    if removed:
+        logger.info("Removed %s leftovers of killed Spark jobs under %s", len(removed), tables_dir)
+    return sorted(removed)
+
+
+def read_table(
+    session: SparkSession,
+    tables_dir: Path | str,
+    name: str,
+    schema: pa.Schema | None = None,
+) -> DataFrame:
+    """Table `name` through Spark; `date` is a string and `batch_id` a long, as written.
+
+    A table with no data yet is an empty DataFrame with `schema` (an Arrow schema holding the
+    partition columns) or, without it, just the two partition columns.
+    """
+    try:
+        df = session.read.parquet(table_path(tables_dir, name))
+    except AnalysisException as error:
+        if error.getCondition() not in _NO_DATA_CONDITIONS:
+            raise
+        return session.createDataFrame(_empty_table(schema))
+    # Spark infers partition value types: 'date=2024-05-01' would come back as a DateType.
+    return df.withColumns(
+        {DATE: F.col(DATE).cast("string"), BATCH_ID: F.col(BATCH_ID).cast("long")}
+    )
+
+
+def read_table_arrow(
+    tables_dir: Path | str, name: str, schema: pa.Schema | None = None
+) -> pa.Table:
+    """Table `name` read with plain pyarrow (hive partitioning), the way non-Spark readers do.
+
+    Sees exactly what Spark's reader sees (both skip `.`/`_` paths). A table with no data yet
+    is an empty table with `schema` or, without it, just the two partition columns.
+    """
+    location = table_path(tables_dir, name)
+    if "://" in location:
+        filesystem, path = pafs.FileSystem.from_uri(location)
+    else:
+        filesystem, path = pafs.LocalFileSystem(), os.path.abspath(location)
+    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+        return _empty_table(schema)
+    dataset = ds.dataset(
+        path,
+        filesystem=filesystem,
+        format="parquet",
+        partitioning=ds.partitioning(PARTITION_SCHEMA, flavor="hive"),
+    )
+    if not dataset.files:
+        return _empty_table(schema)
+    return dataset.to_table()
+
+
+def _empty_table(schema: pa.Schema | None) -> pa.Table:
+    return (schema if schema is not None else PARTITION_SCHEMA).empty_table()

@@ -1,0 +1,150 @@
+import json
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+import pyarrow as pa
+
+from persistence.keys import message_key
+from spark.schema import DEAD_LETTERS_SCHEMA, READS_SCHEMA, build_batch
+from spark.zebra import TagRead
+
+TOPIC = "zebra/fx/fx9600-01/reads"
+RECEIVED = datetime(2026, 11, 22, 0, 0, 1, 250000, tzinfo=UTC).timestamp()
+
+
+@dataclass(frozen=True)
+class Record:
+    message_key: str
+    topic: str
+    payload: bytes
+    qos: int
+    received_time: float
+    pack_id: int
+
+
+def event(epc: str, stamp: str, event_num: int = 1) -> dict:
+    return {
+        "data": {
+            "idHex": epc,
+            "antenna": 2,
+            "peakRssi": -61,
+            "eventNum": event_num,
+            "channel": 902.75,
+            "phase": 90.5,
+        },
+        "timestamp": stamp,
+        "type": "SIMPLE",
+    }
+
+
+def record(doc_or_bytes, topic: str = TOPIC, pack_id: int = 1, qos: int = 1) -> Record:
+    payload = doc_or_bytes if isinstance(doc_or_bytes, bytes) else json.dumps(doc_or_bytes).encode()
+    return Record(message_key(topic, payload), topic, payload, qos, RECEIVED, pack_id)
+
+
+def mixed_records() -> list[Record]:
+    return [
+        record(event("E280AA", "2026-11-21T23:59:59.999+0000", 1)),
+        record(b"not json", pack_id=2),
+        record(event("e280bb", "2026-11-22T00:00:00.000Z", 2), topic="zebra/fx/fx9600-02/reads"),
+        record(event("e280zz", "2026-11-22T00:00:00Z", 3), qos=2, pack_id=3),
+    ]
+
+
+def test_mixed_batch_gives_one_read_row_per_good_record_and_one_dead_letter_per_bad_one():
+    records = mixed_records()
+    batch = build_batch(records, batch_id=42)
+
+    reads = batch.reads.to_pylist()
+    assert [r["message_id"] for r in reads] == [
+        f"{records[0].message_key}:0",
+        f"{records[2].message_key}:0",
+    ]
+    assert [r["epc"] for r in reads] == ["e280aa", "e280bb"]
+    assert [r["reader_id"] for r in reads] == ["fx9600-01", "fx9600-02"]
+    assert [r["topic"] for r in reads] == [TOPIC, "zebra/fx/fx9600-02/reads"]
+    assert reads[0]["event_time"] == datetime(2026, 11, 21, 23, 59, 59, 999000, tzinfo=UTC)
+    assert reads[0]["received_time"] == datetime(2026, 11, 22, 0, 0, 1, 250000, tzinfo=UTC)
+    assert {r["batch_id"] for r in reads} == {42}
+    assert (reads[0]["antenna"], reads[0]["peak_rssi"], reads[0]["event_num"]) == (2, -61.0, 1)
+
+    dead = batch.dead_letters.to_pylist()
+    assert [(d["message_key"], d["reason"]) for d in dead] == [
+        (records[1].message_key, "invalid_json"),
+        (records[3].message_key, "bad_epc"),
+    ]
+    assert dead[0]["payload"] == b"not json"
+    assert dead[1]["qos"] == 2 and dead[1]["pack_id"] == 3 and dead[1]["batch_id"] == 42
+    assert "e280zz" in dead[1]["detail"]
+
+
+def test_date_partition_is_the_utc_day_of_the_event_time_not_of_receipt():
+    batch = build_batch(mixed_records(), batch_id=1)
+    # Read one second before midnight, received after it: it belongs to the day it was read.
+    assert batch.reads.column("date").to_pylist() == ["2026-11-21", "2026-11-22"]
+
+
+def test_dead_letter_date_partition_is_the_utc_day_of_receipt():
+    batch = build_batch(mixed_records(), batch_id=1)
+    assert batch.dead_letters.column("date").to_pylist() == ["2026-11-22", "2026-11-22"]
+
+
+def test_non_utc_event_time_lands_in_its_utc_day():
+    batch = build_batch([record(event("e280", "2026-11-22T01:30:00+02:00"))], batch_id=1)
+    assert batch.reads.column("date").to_pylist() == ["2026-11-21"]
+
+
+def test_the_same_records_always_build_identical_tables():
+    first = build_batch(mixed_records(), batch_id=9)
+    second = build_batch(mixed_records(), batch_id=9)
+    assert first.reads.equals(second.reads)
+    assert first.dead_letters.equals(second.dead_letters)
+    assert first.reads.num_rows == 2 and first.dead_letters.num_rows == 2
+
+
+def test_an_array_message_gives_index_suffixed_ids_in_read_order():
+    batched = record([event(f"e280{i:02x}", "2026-11-21T10:00:00Z", i) for i in range(3)])
+    single = record(event("e280ff", "2026-11-21T10:00:01Z", 9))
+    batch = build_batch([batched, single], batch_id=1)
+    assert batch.reads.column("message_id").to_pylist() == [
+        f"{batched.message_key}:0",
+        f"{batched.message_key}:1",
+        f"{batched.message_key}:2",
+        f"{single.message_key}:0",
+    ]
+    assert batch.reads.column("event_num").to_pylist() == [0, 1, 2, 9]
+    assert batch.reads.column("pack_id").to_pylist() == [1, 1, 1, 1]
+
+
+def test_tables_match_the_schemas_exactly():
+    batch = build_batch(mixed_records(), batch_id=1)
+    assert batch.reads.schema.equals(READS_SCHEMA, check_metadata=True)
+    assert batch.dead_letters.schema.equals(DEAD_LETTERS_SCHEMA, check_metadata=True)
+    assert READS_SCHEMA.field("message_id").nullable is False
+    assert READS_SCHEMA.field("event_time").type == pa.timestamp("us", tz="UTC")
+    assert READS_SCHEMA.field("antenna").type == pa.int32()
+    assert READS_SCHEMA.field("qos").type == pa.int8()
+
+
+def test_an_empty_batch_still_has_both_schemas():
+    batch = build_batch([], batch_id=1)
+    assert batch.reads.num_rows == 0 and batch.reads.schema.equals(READS_SCHEMA)
+    assert batch.dead_letters.num_rows == 0
+    assert batch.dead_letters.schema.equals(DEAD_LETTERS_SCHEMA)
+
+
+def test_absent_optional_fields_become_nulls():
+    doc = {"data": {"idHex": "e280"}, "timestamp": "2026-11-21T10:00:00Z"}
+    (row,) = build_batch([record(doc)], batch_id=1).reads.to_pylist()
+    assert [row[c] for c in ("antenna", "peak_rssi", "channel", "phase", "event_num")] == [None] * 5
+
+
+def test_a_parser_that_crashes_dead_letters_the_message_instead_of_failing_the_batch():
+    def parse(payload: bytes) -> tuple[TagRead, ...]:
+        if payload == b"poison":
+            raise KeyError("bug")
+        return (TagRead("e280", 1, -50.0, 902.75, 1.0, 1, datetime(2026, 1, 1, tzinfo=UTC)),)
+
+    batch = build_batch([record(b"ok"), record(b"poison")], batch_id=1, parse=parse)
+    assert batch.reads.num_rows == 1
+    assert batch.dead_letters.column("reason").to_pylist() == ["parser_error"]
