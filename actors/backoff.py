@@ -11,8 +11,9 @@ from collections.abc import Callable
 
 
 class Backoff:
-    """Step n waits min(max, min_delay * 2**n) scaled by a factor drawn from [1 - jitter, 1 + jitter],
-    never more than `max_delay`. `reset()` after a successful connection starts again at step 0."""
+    """Step n waits min(max, min_delay * 2**n) scaled by a factor drawn from
+    [1 - jitter, 1 + jitter], never more than `max_delay`. `reset()` after a successful
+    connection starts again at step 0."""
 
     def __init__(
         self,

@@ -42,7 +42,8 @@ def main() -> None:
 @config_option
 def run(config_path: Path | None) -> None:
     """Run the gateway until SIGTERM or SIGINT."""
-    from actors.daemon import configure_logging, run as run_daemon
+    from actors.daemon import configure_logging
+    from actors.daemon import run as run_daemon
 
     config = _load(config_path)
     configure_logging(config.gateway.log_level)
@@ -54,17 +55,32 @@ def run(config_path: Path | None) -> None:
 @click.option("--port", default=1883, show_default=True, type=int)
 @click.option("--readers", default=2, show_default=True, type=click.IntRange(min=1))
 @click.option("--rate", default=100.0, show_default=True, help="messages/s in total; 0 = flat out")
-@click.option("--count", default=1000, show_default=True, type=click.IntRange(min=0),
-              help="messages per reader")
+@click.option(
+    "--count",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="messages per reader",
+)
 @click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
-@click.option("--batch", default=1, show_default=True, type=click.IntRange(min=1),
-              help="tag events per message (FX9600 batched arrays when > 1)")
+@click.option(
+    "--batch",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="tag events per message (FX9600 batched arrays when > 1)",
+)
 @click.option("--seed", default=0, show_default=True, type=int)
-@click.option("--manifest", type=click.Path(path_type=Path, dir_okay=False), default=None,
-              help="write every acknowledged message (topic, key, reads) as JSON lines")
+@click.option(
+    "--manifest",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="write every acknowledged message (topic, key, reads) as JSON lines",
+)
 def simulate(host, port, readers, rate, count, qos, batch, seed, manifest) -> None:
     """Publish realistic FX9600 tag events to zebra/fx/<reader>/reads."""
-    from actors.simulate import simulate as run_simulation, write_manifest
+    from actors.simulate import simulate as run_simulation
+    from actors.simulate import write_manifest
 
     logging.basicConfig(level=logging.WARNING)
     result = run_simulation(
@@ -97,8 +113,12 @@ def status(config_path: Path | None, as_json: bool) -> None:
 
 @main.command()
 @config_option
-@click.option("--manifest", required=True, type=click.Path(path_type=Path, exists=True),
-              help="JSON lines written by `fxgate simulate --manifest`")
+@click.option(
+    "--manifest",
+    required=True,
+    type=click.Path(path_type=Path, exists=True),
+    help="JSON lines written by `fxgate simulate --manifest`",
+)
 def report(config_path: Path | None, manifest: Path) -> None:
     """Compare the reads table (through Spark) with what a simulation published."""
     from actors.simulate import expected_read_ids, read_manifest
@@ -108,8 +128,10 @@ def report(config_path: Path | None, manifest: Path) -> None:
     config = _load(config_path)
     published = read_manifest(manifest)
     session = build_session(
-        config.spark.master, config.gateway.data_path / "spark-report",
-        driver_memory=config.spark.driver_memory, conf=dict(config.spark.conf),
+        config.spark.master,
+        config.gateway.data_path / "spark-report",
+        driver_memory=config.spark.driver_memory,
+        conf=dict(config.spark.conf),
     )
     try:
         ids, readers = landed_ids_spark(session, config.spark.tables_path(config.gateway.data_path))
@@ -124,8 +146,12 @@ def report(config_path: Path | None, manifest: Path) -> None:
 
 
 @main.command()
-@click.option("--workdir", type=click.Path(path_type=Path, file_okay=False), default=Path(".demo"),
-              show_default=True)
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path(".demo"),
+    show_default=True,
+)
 @click.option("--count", default=1500, show_default=True, help="messages per reader per phase")
 @click.option("--rate", default=300.0, show_default=True, help="messages/s in total")
 def demo(workdir: Path, count: int, rate: float) -> None:
@@ -133,6 +159,7 @@ def demo(workdir: Path, count: int, rate: float) -> None:
     from actors.demo import run_demo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
     sys.exit(run_demo(workdir, count=count, rate=rate))
 
 

@@ -187,7 +187,10 @@ class SourceConfig(_Section):
     environment_id: str | None = None  # checked by actors.identity, which knows the rule
     instance_id: Annotated[str, AfterValidator(_client_id_part)] | None = None
     append_unique_id: bool = False
-    shared_subscription_group: Annotated[str, AfterValidator(_group_name)] = "fxgate"
+    # Plain subscription by default: mosquitto 2.0.11 does not restore a shared subscription
+    # from persistence after a restart, so reads published before we re-subscribe are dropped
+    # (tests/actors/test_mosquitto_facts.py). Set a group to scale out over several gateways.
+    shared_subscription_group: Annotated[str, AfterValidator(_group_name)] = ""
     subscribe_topics: Annotated[
         tuple[TopicFilter, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)
     ] = ("zebra/fx/+/reads",)
@@ -567,7 +570,7 @@ def _dotted(loc: Iterable[Any]) -> str:
         if isinstance(part, int):
             text += f"[{part}]"
         else:
-            # Quote keys that are not TOML bare keys, e.g. spark.conf."spark.sql.shuffle.partitions".
+            # Quote keys that are not TOML bare keys: spark.conf."spark.sql.shuffle.partitions".
             part = part if re.fullmatch(r"[A-Za-z0-9_-]+", part) else f'"{part}"'
             text += f".{part}" if text else part
     return text
@@ -593,8 +596,5 @@ def _suggest(name: str, candidates: Iterable[str]) -> str:
 
 
 def _show(value: Any) -> str:
-    if isinstance(value, bool):
-        text = "true" if value else "false"
-    else:
-        text = repr(value)
+    text = ("true" if value else "false") if isinstance(value, bool) else repr(value)
     return text if len(text) <= _MAX_SHOWN_INPUT else text[: _MAX_SHOWN_INPUT - 3] + "..."

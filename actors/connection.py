@@ -169,7 +169,9 @@ class ConnectionActor(pykka.ThreadingActor):
 
     def _on_connect(self, client, _userdata, flags, reason_code, _properties) -> None:
         self._tell(
-            _Connected(client.epoch, str(reason_code), reason_code.is_failure, flags.session_present)
+            _Connected(
+                client.epoch, str(reason_code), reason_code.is_failure, flags.session_present
+            )
         )
 
     def _on_disconnect(self, client, _userdata, _flags, reason_code, _properties) -> None:
@@ -177,7 +179,9 @@ class ConnectionActor(pykka.ThreadingActor):
 
     def _on_subscribe(self, _client, _userdata, _mid, reason_codes, _properties) -> None:
         self._tell(
-            _Subscribed(tuple(str(r) for r in reason_codes), tuple(r.is_failure for r in reason_codes))
+            _Subscribed(
+                tuple(str(r) for r in reason_codes), tuple(r.is_failure for r in reason_codes)
+            )
         )
 
     # -- messages ---------------------------------------------------------------------------

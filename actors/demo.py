@@ -62,8 +62,9 @@ def run_demo(workdir: Path, count: int = 1500, rate: float = 300.0) -> int:
         )
         say(f"gateway started (pid {daemon.pid}, log {workdir / 'gateway.log'})")
         wait_until(
-            lambda: (collect_status(config)["daemon"].get("source") or {}).get("state")
-            == "connected",
+            lambda: (
+                (collect_status(config)["daemon"].get("source") or {}).get("state") == "connected"
+            ),
             90,
             "the gateway to connect",
         )
@@ -92,7 +93,9 @@ def run_demo(workdir: Path, count: int = 1500, rate: float = 300.0) -> int:
 
         session = build_session(config.spark.master, workdir / "spark-report")
         try:
-            ids, readers = landed_ids_spark(session, config.spark.tables_path(config.gateway.data_path))
+            ids, readers = landed_ids_spark(
+                session, config.spark.tables_path(config.gateway.data_path)
+            )
         finally:
             stop_session(session)
         result = compare(expected, ids, readers)
@@ -100,8 +103,10 @@ def run_demo(workdir: Path, count: int = 1500, rate: float = 300.0) -> int:
         for line in result.lines():
             print(line, flush=True)
         verdict = "EXACT: every published read landed once" if result.exact else "MISMATCH"
-        say(f"published vs landed: {result.published} / {result.landed}; "
-            f"missing {len(result.missing)}, duplicates {len(result.duplicates)} -> {verdict}")
+        say(
+            f"published vs landed: {result.published} / {result.landed}; "
+            f"missing {len(result.missing)}, duplicates {len(result.duplicates)} -> {verdict}"
+        )
         return 0 if result.exact and code == 0 else 1
     finally:
         if daemon is not None and daemon.poll() is None:

@@ -40,7 +40,11 @@ def broker_config(
     debug_log: bool = False,
     extra: Iterable[str] = (),
 ) -> str:
-    log_types = ["all"] if debug_log else ["error", "warning", "notice", "information"]
+    log_types = (
+        ["all"]
+        if debug_log
+        else ["error", "warning", "notice", "information", "subscribe", "unsubscribe"]
+    )
     lines = [
         f"listener {port} {host}",
         "allow_anonymous true",

@@ -96,7 +96,9 @@ class LedgerClient(mqtt.Client, AckSender):
     def send_ack(self, epoch: int, kind: AckKind, packet_id: int) -> bool:
         with self._ack_lock:
             if epoch != self.epoch or not self.is_connected():
-                log.debug("dropped %s %d of epoch %d (now %d)", kind.value, packet_id, epoch, self.epoch)
+                log.debug(
+                    "dropped %s %d of epoch %d (now %d)", kind.value, packet_id, epoch, self.epoch
+                )
                 return False
             if kind is AckKind.PUBACK:
                 self._send_puback(packet_id)

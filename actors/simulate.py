@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 DEFAULT_TOPIC_TEMPLATE = "zebra/fx/{reader}/reads"
 
-# FCC Part 15.247 hop table the FX9600 uses in the US: 50 channels, 902.75-927.25 MHz, 500 kHz apart.
+# FCC Part 15.247 hop table of the FX9600 in the US: 50 channels, 902.75-927.25 MHz, 500 kHz apart.
 FCC_CHANNELS_MHZ: tuple[float, ...] = tuple(902.75 + 0.5 * i for i in range(50))
 ANTENNAS = (1, 2, 3, 4)
 PEAK_RSSI_RANGE = (-75, -35)
@@ -50,7 +50,7 @@ class PacingClock(Protocol):
 
 
 def reader_names(n: int) -> list[str]:
-    """`fx9600-01`, `fx9600-02`, ... (at least two digits, so names sort in reader order up to 99)."""
+    """`fx9600-01`, `fx9600-02`, ... (two digits at least: names sort in reader order to 99)."""
     return [f"fx9600-{i:02d}" for i in range(1, n + 1)]
 
 
@@ -102,7 +102,7 @@ class TagEventGenerator:
         }
 
     def next_payload(self, batch: int = 1) -> bytes:
-        """One event as a JSON object, or `batch` > 1 events as a JSON array (connector batching)."""
+        """One event as a JSON object, or `batch` > 1 events as a JSON array (batched mode)."""
         if batch < 1:
             raise ValueError(f"batch must be at least 1, got {batch}")
         doc = self.next_event() if batch == 1 else [self.next_event() for _ in range(batch)]
@@ -335,7 +335,7 @@ def simulate(
         pacer = Pacer(pacing_clock, rate)
         sent = 0
         for _ in range(count):
-            for generator, topic, publisher in zip(generators, topics, publishers):
+            for generator, topic, publisher in zip(generators, topics, publishers, strict=True):
                 pacer.wait_turn(sent)
                 payload = generator.next_payload(batch)
                 record = PublishedRecord(topic, message_key(topic, payload), batch)

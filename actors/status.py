@@ -71,9 +71,7 @@ def _ledger(path: Path) -> dict:
 def _tables(tables_dir: Path) -> dict:
     from spark.tables import DEAD_LETTERS, READS, read_table_arrow
 
-    return {
-        name: read_table_arrow(tables_dir, name).num_rows for name in (READS, DEAD_LETTERS)
-    }
+    return {name: read_table_arrow(tables_dir, name).num_rows for name in (READS, DEAD_LETTERS)}
 
 
 def collect_status(config: Config) -> dict:

@@ -84,6 +84,8 @@ class Supervisor:
         self._batch_lock = threading.Lock()
         self.last_batch: BatchWritten | None = None
         self.batches_written = 0
+        self.rows_written = 0
+        self.dead_letters_written = 0
         self.batch_written = threading.Condition(self._batch_lock)
 
     # -- start / stop -----------------------------------------------------------------------
@@ -180,7 +182,17 @@ class Supervisor:
         with self.batch_written:
             self.last_batch = batch
             self.batches_written += 1
+            self.rows_written += batch.rows
+            self.dead_letters_written += batch.dead_letters
             self.batch_written.notify_all()
+
+    def wait_for_landed(self, rows: int, dead_letters: int = 0, timeout: float = 60.0) -> bool:
+        """Block until at least this many rows and dead letters are in the tables."""
+        with self.batch_written:
+            return self.batch_written.wait_for(
+                lambda: self.rows_written >= rows and self.dead_letters_written >= dead_letters,
+                timeout,
+            )
 
     def status(self) -> dict:
         """A snapshot for `fxgate status`; never blocks for long on a busy actor."""

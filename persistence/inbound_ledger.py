@@ -21,7 +21,7 @@ import pykka
 from sqlalchemy import Connection, select
 
 from actors.clock import Clock, TimerHandle
-from actors.mqtt_client import AckKind, AckSender, InboundPubrel, InboundPublish
+from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
 from persistence import database as db
 from persistence.keys import message_key as default_message_key
 
@@ -296,9 +296,7 @@ class InboundLedger(pykka.ThreadingActor):
             .order_by(db.batches.c.batch_id)
         ):
             open_batches.append((batch_id, self._records(db.inbound.c.batch_id == batch_id)))
-        loose = self._records(
-            db.inbound.c.batch_id.is_(None) & db.inbound.c.landed_time.is_(None)
-        )
+        loose = self._records(db.inbound.c.batch_id.is_(None) & db.inbound.c.landed_time.is_(None))
         next_pack_id = self._counter(PACK_COUNTER) + 1
         self._conn.commit()
         if open_batches or loose:
@@ -313,9 +311,7 @@ class InboundLedger(pykka.ThreadingActor):
         assert self._conn is not None
         c = db.inbound.c
         rows = self._conn.execute(
-            select(
-                c.seq, c.message_key, c.topic, c.payload, c.qos, c.received_time, c.pack_id
-            )
+            select(c.seq, c.message_key, c.topic, c.payload, c.qos, c.received_time, c.pack_id)
             .where(where)
             .order_by(c.seq)
         )

@@ -15,7 +15,7 @@ _KEY_HEX_DIGITS = 32
 
 
 def message_key(topic: str, payload: bytes) -> str:
-    """The default idempotency key of one MQTT message: sha256(topic + NUL + payload), 32 hex digits.
+    """The default idempotency key of one MQTT message: sha256(topic + NUL + payload), 32 hex.
 
     The NUL separator keeps ("a/b", b"c") and ("a/bc", b"") apart: a topic can never contain NUL
     (MQTT 5 §1.5.4 forbids U+0000 in UTF-8 strings).

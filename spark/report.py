@@ -45,7 +45,7 @@ def compare(
     readers: Iterable[str] = (),
     tolerated: set[str] = frozenset(),
 ) -> Comparison:
-    """`tolerated` ids may be present or not (publishes whose ack never came back) but at most once."""
+    """`tolerated` ids may be present or not (publishes whose ack never came back), at most once."""
     landed = list(landed)
     counts = Counter(landed)
     per_reader = dict(Counter(readers))

@@ -1,7 +1,7 @@
 """Arrow schemas of the `reads` and `dead_letters` tables, and ledger records → Arrow tables.
 
 The Spark writer hands `createDataFrame` a `pyarrow.Table` because that is the fast path (DESIGN §4:
-~140k rows/s, tuples are 3× slower). `build_batch` is a pure function of its records and batch id:
+~140k rows/s, tuples are 3x slower). `build_batch` is a pure function of its records and batch id:
 a batch replayed after a crash must rebuild exactly the rows it wrote before, so that overwriting
 its partition is a no-op for the rows and the table never holds a duplicate (DESIGN §3.1).
 """

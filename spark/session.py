@@ -55,6 +55,9 @@ logger.sparkutils.name = org.apache.spark.util.Utils
 logger.sparkutils.level = error
 logger.sparkenv.name = org.apache.spark.SparkEnv
 logger.sparkenv.level = error
+# Warns with a full stack trace when reading a path that does not exist yet.
+logger.filestreamsink.name = org.apache.spark.sql.execution.streaming.sinks.FileStreamSink
+logger.filestreamsink.level = error
 logger.parquet.name = org.apache.parquet
 logger.parquet.level = error
 logger.parquet2.name = parquet
@@ -120,6 +123,10 @@ def build_session(
         "spark.sql.warehouse.dir": str(work_dir / "warehouse"),
         "spark.driver.extraJavaOptions": " ".join(
             [
+                # A heap OOM in local mode left the JVM alive but deaf, and the Python call
+                # waiting on it hung forever (seen with 200k 250-byte rows at 512m). Dying
+                # makes the call fail, so the writer's owner can restart and replay.
+                "-XX:+ExitOnOutOfMemoryError",
                 _java_option("java.io.tmpdir", tmp_dir),
                 _java_option("log4j2.configurationFile", log4j_file),
             ]

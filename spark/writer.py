@@ -147,9 +147,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
         self._ledger.commit_batch(batch_id, rows, dead).get()
-        result = BatchWritten(
-            batch_id, len(records), rows, dead, self._clock.monotonic() - started
-        )
+        result = BatchWritten(batch_id, len(records), rows, dead, self._clock.monotonic() - started)
         self.last_batch = result
         log.info(
             "batch %d written: %d messages -> %d rows, %d dead letters in %.2f s",

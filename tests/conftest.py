@@ -1,4 +1,12 @@
-"""Fixtures shared by the whole suite: a real mosquitto per test, one Spark session per run."""
+"""Fixtures shared by the whole suite: real mosquitto brokers, the daemon as a subprocess, and one
+Spark session per run."""
+
+import freezegun
 
 from tests.harness.broker import mosquitto, mosquitto_factory  # noqa: F401
+from tests.harness.daemon import daemon_factory  # noqa: F401
 from tests.harness.spark import spark_session  # noqa: F401
+
+# freezegun patches time.monotonic in every module it does not ignore; pykka's timeouts (and paho's
+# keep-alive, and py4j's sockets) hang under a frozen monotonic clock (DESIGN §6).
+freezegun.configure(extend_ignore_list=["pykka", "paho", "py4j", "pyspark", "threading"])

@@ -50,7 +50,8 @@ def test_defaults_load_without_a_file():
     assert config.identity.environment_id == "local-gw-01"
     assert config.identity.environment_source == "development-default"
     assert config.identity.client_id == "fxgate-local-gw-01-gw-01"
-    assert config.identity.subscriptions == ("$share/fxgate-local-gw-01/zebra/fx/+/reads",)
+    # Plain by default: mosquitto forgets shared subscriptions on restart (test_mosquitto_facts).
+    assert config.identity.subscriptions == ("zebra/fx/+/reads",)
 
 
 def test_gateway_toml_loads_and_equals_the_defaults():
@@ -381,7 +382,11 @@ def test_explicit_tables_dir_is_used_as_given(tmp_path):
 
 
 def test_summary_lines_show_what_an_operator_checks_at_start(tmp_path):
-    path = write(tmp_path, f'[gateway]\ndata_dir = "{tmp_path}"\n[source]\nhost = "10.0.0.5"\n')
+    path = write(
+        tmp_path,
+        f'[gateway]\ndata_dir = "{tmp_path}"\n'
+        '[source]\nhost = "10.0.0.5"\nshared_subscription_group = "fxgate"\n',
+    )
     summary = "\n".join(load(path).summary_lines())
     for fact in [
         "10.0.0.5:1883",

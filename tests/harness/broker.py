@@ -1,4 +1,4 @@
-"""Real mosquitto brokers for tests: each on a free loopback port with its own config and data dir."""
+"""Real mosquitto brokers for tests, each on a free loopback port with its own config and data."""
 
 from __future__ import annotations
 

@@ -1,0 +1,47 @@
+# Two entry points do all set-up on a fresh machine: `make demo` and `make test`.
+# Each installs only what is missing (Debian packages, then the virtualenv), so both are idempotent.
+
+VENV     ?= .venv
+PYTHON   ?= python3
+STAMP    := $(VENV)/.installed-stamp
+SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+RUFF     := $(VENV)/bin/ruff
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint format bench soak system-deps deps clean
+
+demo: deps
+	$(VENV)/bin/fxgate demo
+
+test: deps lint
+	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+lint: deps
+	$(RUFF) check --config .ci/ruff.toml actors persistence spark tests
+	$(RUFF) format --check --config .ci/ruff.toml actors persistence spark tests
+
+format: deps
+	$(RUFF) format --config .ci/ruff.toml actors persistence spark tests
+	$(RUFF) check --fix --config .ci/ruff.toml actors persistence spark tests
+
+deps: system-deps $(STAMP)
+
+# mosquitto + clients always; a Java 17 runtime only when no `java` is on the PATH.
+system-deps:
+	@missing=""; \
+	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto"; \
+	command -v mosquitto_pub >/dev/null || missing="$$missing mosquitto-clients"; \
+	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+$(STAMP): setup.cfg pyproject.toml
+	[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install -q -e '.[test]'
+	touch $(STAMP)
+
+clean:
+	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .ruff_cache

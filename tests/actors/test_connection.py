@@ -1,0 +1,150 @@
+import threading
+
+import pytest
+
+from actors.backoff import Backoff
+from actors.clock import SimulatedClock
+from actors.connection import ConnectionActor, ConnectionSettings
+from actors.mqtt_client import AckKind, InboundPublish, InboundPubrel
+from persistence.inbound_ledger import SessionStarted
+from tests.harness.mqtt import publish_all
+
+pytestmark = pytest.mark.broker
+
+TOPIC = "zebra/fx/fx9600-01/reads"
+
+
+class InstantLedger:
+    """Stands in for the InboundLedger: 'commits' at once and acks, recording what it saw."""
+
+    def __init__(self):
+        self.publishes: list[InboundPublish] = []
+        self.sessions: list[SessionStarted] = []
+        self.cond = threading.Condition()
+
+    def tell(self, message):
+        with self.cond:
+            if isinstance(message, SessionStarted):
+                self.sessions.append(message)
+            elif isinstance(message.packet, InboundPublish):
+                p = message.packet
+                self.publishes.append(p)
+                if p.qos:
+                    kind = AckKind.PUBACK if p.qos == 1 else AckKind.PUBREC
+                    message.acks.send_ack(p.epoch, kind, p.packet_id)
+            elif isinstance(message.packet, InboundPubrel):
+                message.acks.send_ack(
+                    message.packet.epoch, AckKind.PUBCOMP, message.packet.packet_id
+                )
+            self.cond.notify_all()
+
+    def wait_sessions(self, count, timeout=15):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.sessions) >= count, timeout), self.sessions
+            return self.sessions[count - 1]
+
+    def wait_payloads(self, count, timeout=15):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.payloads()) >= count, timeout)
+            return self.payloads()
+
+    def payloads(self):
+        return sorted({p.payload for p in self.publishes})
+
+
+def settings(broker, **overrides):
+    base = {
+        "name": "source",
+        "host": broker.host,
+        "port": broker.port,
+        "client_id": "fxgate-test-gw1",
+        "subscriptions": ("$share/fxgate-test/zebra/fx/+/reads",),
+        "qos": 2,
+    }
+    return ConnectionSettings(**{**base, **overrides})
+
+
+@pytest.fixture
+def actors():
+    started = []
+
+    def start(*args, **kwargs):
+        ref = ConnectionActor.start(*args, **kwargs)
+        started.append(ref)
+        return ref
+
+    yield start
+    for ref in started:
+        if ref.is_alive():
+            ref.stop()
+
+
+def test_connects_with_clean_start_false_and_a_session_expiry(mosquitto, actors):
+    ledger = InstantLedger()
+    actors(settings(mosquitto, session_expiry_seconds=3600), SimulatedClock(), ledger)
+    assert ledger.wait_sessions(1).session_present is False
+    # mosquitto logs "(p5, c0, k30)": MQTT 5, clean start 0, keep-alive 30.
+    assert mosquitto.wait_for_output("as fxgate-test-gw1 (p5, c0, k30)", 10)
+
+
+def test_reads_published_to_the_shared_subscription_reach_the_ledger_at_qos2(mosquitto, actors):
+    ledger = InstantLedger()
+    actors(settings(mosquitto), SimulatedClock(), ledger)
+    ledger.wait_sessions(1)
+    assert mosquitto.wait_for_output("fxgate-test-gw1 2 $share/fxgate-test/zebra/fx/+/reads", 10)
+    publish_all(mosquitto.host, mosquitto.port, [(TOPIC, b"r%d" % i) for i in range(20)], qos=2)
+    assert ledger.wait_payloads(20) == sorted(b"r%d" % i for i in range(20))
+    assert {p.qos for p in ledger.publishes} == {2}
+
+
+def test_reconnects_on_the_backoff_schedule_while_the_broker_is_down(mosquitto, actors):
+    clock = SimulatedClock()
+    ledger = InstantLedger()
+    backoff = Backoff(1.0, 120.0, 0.25)
+    actor = actors(settings(mosquitto), clock, ledger, backoff=backoff)
+    ledger.wait_sessions(1)
+
+    mosquitto.stop()
+    for attempt in range(4):  # the first delay follows the drop, the next three failed attempts
+        assert clock.wait_for_timers(1)
+        low, high = backoff.bounds(attempt)
+        assert low <= clock.next_due_in() <= high
+        assert actor.proxy().state().get(timeout=5).state == "waiting"
+        clock.advance(clock.next_due_in())
+    assert clock.wait_for_timers(1)
+
+    mosquitto.start()
+    clock.advance(clock.next_due_in())
+    session = ledger.wait_sessions(2)
+    # mosquitto saved the session at its graceful stop: it is still there.
+    assert session.session_present is True
+    state = actor.proxy().state().get(timeout=5)
+    assert (state.state, state.connects, state.disconnects) == ("connected", 2, 1)
+    assert backoff.attempt == 0
+
+
+def test_reads_queued_while_the_gateway_was_away_arrive_when_it_returns(mosquitto, actors):
+    ledger = InstantLedger()
+    first = actors(settings(mosquitto), SimulatedClock(), ledger)
+    ledger.wait_sessions(1)
+    first.stop()  # DISCONNECT keeps the session: the broker queues for us
+
+    publish_all(mosquitto.host, mosquitto.port, [(TOPIC, b"q%d" % i) for i in range(50)], qos=1)
+    returned = InstantLedger()
+    actors(settings(mosquitto), SimulatedClock(), returned)
+    assert returned.wait_sessions(1).session_present is True
+    assert returned.wait_payloads(50) == sorted(b"q%d" % i for i in range(50))
+
+
+def test_an_unreachable_broker_at_start_is_retried_not_fatal(mosquitto, actors):
+    clock = SimulatedClock()
+    ledger = InstantLedger()
+    mosquitto.stop()
+    actor = actors(settings(mosquitto), clock, ledger)
+    assert clock.wait_for_timers(1)
+    state = actor.proxy().state().get(timeout=5)
+    assert state.state == "waiting"
+    assert "connect failed" in state.last_reason
+    mosquitto.start()
+    clock.advance(clock.next_due_in())
+    assert ledger.wait_sessions(1).session_present is False

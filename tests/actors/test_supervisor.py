@@ -1,0 +1,88 @@
+"""The whole path in one process: real mosquitto -> actors -> ledger -> Spark table."""
+
+import pytest
+
+from actors.clock import RealClock
+from actors.config import load_config
+from actors.simulate import expected_read_ids, simulate
+from actors.supervisor import Supervisor
+from spark.report import compare, landed_ids_arrow, landed_ids_spark
+from spark.tables import DEAD_LETTERS, read_table
+from tests.harness.mqtt import publish_all
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
+
+
+@pytest.fixture
+def gateway(mosquitto, spark_session, tmp_path):
+    """A started Supervisor on the embedded defaults, pointed at the test broker and tmp_path."""
+    environ = {
+        "FXGATE__SOURCE__PORT": str(mosquitto.port),
+        "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
+        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+    }
+    config = load_config(None, environ=environ, hostname="gw-test")
+    clock = RealClock()
+    supervisor = Supervisor(config, clock, session_factory=lambda: spark_session)
+    supervisor.start()
+    assert mosquitto.wait_for_output(f"{config.identity.subscriptions[0]}", 15)
+    yield supervisor
+    supervisor.stop()
+    clock.close()
+
+
+@pytest.mark.parametrize("qos", [1, 2])
+def test_two_readers_times_2000_reads_land_exactly_once(gateway, mosquitto, spark_session, qos):
+    result = simulate(mosquitto.host, mosquitto.port, readers=2, rate=0, count=2000, qos=qos)
+    assert result.failed == 0
+    expected = expected_read_ids(result.published)
+    assert len(expected) == 4000
+
+    assert gateway.wait_for_landed(4000, timeout=120)
+    tables = gateway.config.spark.tables_path(gateway.config.gateway.data_path)
+    ids, readers = landed_ids_spark(spark_session, tables)
+    through_spark = compare(expected, ids, readers)
+    assert through_spark.exact, through_spark.lines()
+    assert through_spark.per_reader == {"fx9600-01": 2000, "fx9600-02": 2000}
+    assert compare(expected, landed_ids_arrow(tables)[0]).exact
+
+
+def test_rows_keep_each_readers_order_of_arrival(gateway, mosquitto, spark_session):
+    result = simulate(mosquitto.host, mosquitto.port, readers=2, rate=0, count=300, qos=1)
+    assert gateway.wait_for_landed(600, timeout=60)
+    tables = gateway.config.spark.tables_path(gateway.config.gateway.data_path)
+    rows = read_table(spark_session, tables, "reads").select("reader_id", "event_num", "pack_id")
+    by_reader: dict[str, list[tuple[int, int]]] = {}
+    for reader, event_num, pack_id in rows.collect():
+        by_reader.setdefault(reader, []).append((pack_id, event_num))
+    for reader, pairs in by_reader.items():
+        pairs.sort()
+        assert [e for _, e in pairs] == sorted(e for _, e in pairs), reader
+    assert len(result.published) == 600
+
+
+def test_a_malformed_payload_goes_to_dead_letters_and_the_next_good_read_still_lands(
+    gateway, mosquitto, spark_session
+):
+    good = (
+        b'{"data": {"idHex": "e2801160600002054cc2096f", "antenna": 1, "peakRssi": -51, '
+        b'"eventNum": 1}, "timestamp": "2026-11-21T10:00:00.000+0000", "type": "SIMPLE"}'
+    )
+    publish_all(
+        mosquitto.host,
+        mosquitto.port,
+        [("zebra/fx/fx9600-07/reads", b"{not json"), ("zebra/fx/fx9600-07/reads", good)],
+        qos=1,
+    )
+    assert gateway.wait_for_landed(1, dead_letters=1, timeout=60)
+    tables = gateway.config.spark.tables_path(gateway.config.gateway.data_path)
+    dead = read_table(spark_session, tables, DEAD_LETTERS).collect()
+    assert [(d["topic"], d["reason"], bytes(d["payload"])) for d in dead] == [
+        ("zebra/fx/fx9600-07/reads", "invalid_json", b"{not json")
+    ]
+    reads = read_table(spark_session, tables, "reads").collect()
+    assert [(r["reader_id"], r["epc"], r["event_num"]) for r in reads] == [
+        ("fx9600-07", "e2801160600002054cc2096f", 1)
+    ]
+    assert gateway.ref("source").is_alive()

@@ -1,0 +1,306 @@
+import sqlite3
+import threading
+
+import pykka
+import pytest
+from freezegun import freeze_time
+
+from actors.clock import RealClock, SimulatedClock
+from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
+from persistence.inbound_ledger import Committed, Inbound, InboundLedger, SessionStarted
+from persistence.keys import message_key
+
+TOPIC = "zebra/fx/fx9600-01/reads"
+
+
+def publish(packet_id, payload, qos=1, dup=False, epoch=1, topic=TOPIC):
+    return InboundPublish(
+        epoch=epoch,
+        packet_id=packet_id,
+        qos=qos,
+        dup=dup,
+        retain=False,
+        topic=topic,
+        topic_valid_utf8=True,
+        payload=payload,
+        expiry_interval=None,
+        received_monotonic=0.0,
+    )
+
+
+class RecordingAcks(AckSender):
+    """Records every ack and, at the moment it is sent, what another connection sees in the DB."""
+
+    def __init__(self, db_path):
+        self.db_path = db_path
+        self.acks = []
+        self.visible_at_ack = []
+        self.cond = threading.Condition()
+
+    def send_ack(self, epoch, kind, packet_id):
+        with sqlite3.connect(self.db_path) as other:
+            rows = other.execute("SELECT message_key, packet_id FROM inbound").fetchall()
+        with self.cond:
+            self.acks.append((kind, packet_id))
+            self.visible_at_ack.append(dict(rows))
+            self.cond.notify_all()
+        return True
+
+    def wait_for(self, count, timeout=10):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.acks) >= count, timeout), self.acks
+            return list(self.acks)
+
+
+class Listener:
+    def __init__(self):
+        self.records = []
+        self.cond = threading.Condition()
+
+    def tell(self, message):
+        assert isinstance(message, Committed)
+        with self.cond:
+            self.records.extend(message.records)
+            self.cond.notify_all()
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "ledger.sqlite"
+
+
+@pytest.fixture
+def start_ledger(db_path):
+    started = []
+
+    def start(clock=None, **options):
+        options.setdefault("group_commit_max_delay", 0.0)
+        ref = InboundLedger.start(db_path, clock or SimulatedClock(), **options)
+        started.append(ref)
+        return ref
+
+    yield start
+    for ref in started:
+        if ref.is_alive():
+            ref.stop()
+
+
+def rows(db_path):
+    with sqlite3.connect(db_path) as conn:
+        return conn.execute(
+            "SELECT message_key, packet_id, payload FROM inbound ORDER BY seq"
+        ).fetchall()
+
+
+def test_qos1_puback_leaves_only_after_the_row_is_committed(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    for pid in (1, 2, 3):
+        ledger.tell(Inbound(publish(pid, f'{{"n": {pid}}}'.encode()), acks))
+    assert acks.wait_for(3) == [(AckKind.PUBACK, 1), (AckKind.PUBACK, 2), (AckKind.PUBACK, 3)]
+    for pid, visible in zip((1, 2, 3), acks.visible_at_ack, strict=True):
+        assert message_key(TOPIC, f'{{"n": {pid}}}'.encode()) in visible
+
+
+def test_qos2_pubrec_leaves_only_after_the_row_and_its_packet_id_are_committed(
+    start_ledger, db_path
+):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(42, b"read", qos=2), acks))
+    assert acks.wait_for(1) == [(AckKind.PUBREC, 42)]
+    assert acks.visible_at_ack[0] == {message_key(TOPIC, b"read"): 42}
+
+
+def test_qos2_pubcomp_follows_the_committed_release(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(42, b"read", qos=2), acks))
+    ledger.tell(Inbound(InboundPubrel(epoch=1, packet_id=42), acks))
+    assert acks.wait_for(2)[1] == (AckKind.PUBCOMP, 42)
+    assert acks.visible_at_ack[1] == {message_key(TOPIC, b"read"): None}
+
+
+def test_a_redelivered_qos1_message_is_acked_again_without_a_second_row(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(7, b"same"), acks))
+    ledger.tell(Inbound(publish(7, b"same", dup=True), acks))
+    assert acks.wait_for(2) == [(AckKind.PUBACK, 7), (AckKind.PUBACK, 7)]
+    assert len(rows(db_path)) == 1
+    assert ledger.proxy().stats().get(timeout=5)["duplicates"] == 1
+
+
+def test_a_resent_qos2_publish_gets_pubrec_again_and_one_row(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(9, b"q2", qos=2), acks))
+    ledger.tell(Inbound(publish(9, b"q2", qos=2, dup=True), acks))
+    ledger.tell(Inbound(InboundPubrel(1, 9), acks))
+    assert acks.wait_for(3) == [(AckKind.PUBREC, 9), (AckKind.PUBREC, 9), (AckKind.PUBCOMP, 9)]
+    assert rows(db_path) == [(message_key(TOPIC, b"q2"), None, b"q2")]
+
+
+def test_a_restarted_ledger_still_knows_the_qos2_exchanges_awaiting_pubrel(start_ledger, db_path):
+    first = start_ledger()
+    acks = RecordingAcks(db_path)
+    first.tell(Inbound(publish(11, b"in flight", qos=2), acks))
+    acks.wait_for(1)
+    first.stop()
+
+    second = start_ledger()
+    assert second.proxy().stats().get(timeout=5)["awaiting_pubrel"] == 1
+    second.tell(Inbound(InboundPubrel(2, 11), acks))
+    assert acks.wait_for(2)[1] == (AckKind.PUBCOMP, 11)
+    stats = second.proxy().stats().get(timeout=5)
+    assert stats["unknown_pubrel"] == 0
+    assert stats["awaiting_pubrel"] == 0
+
+
+def test_a_pubrel_for_an_unknown_packet_id_is_counted_and_still_completed(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(InboundPubrel(1, 99), acks))
+    assert acks.wait_for(1) == [(AckKind.PUBCOMP, 99)]
+    assert ledger.proxy().stats().get(timeout=5)["unknown_pubrel"] == 1
+
+
+def test_a_lost_broker_session_clears_the_packet_ids_so_a_reused_id_is_a_new_message(
+    start_ledger, db_path
+):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(5, b"old", qos=2), acks))
+    acks.wait_for(1)
+    ledger.tell(SessionStarted(epoch=2, session_present=False))
+    ledger.tell(Inbound(publish(5, b"new", qos=2, epoch=2), acks))
+    acks.wait_for(2)
+    assert [r[:2] for r in rows(db_path)] == [
+        (message_key(TOPIC, b"old"), None),
+        (message_key(TOPIC, b"new"), 5),
+    ]
+
+
+def test_acks_wait_for_the_group_commit_timer_on_the_clock(start_ledger, db_path):
+    clock = SimulatedClock()
+    ledger = start_ledger(clock, group_commit_max_delay=0.005, group_commit_max_messages=100)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"a"), acks))
+    ledger.tell(Inbound(publish(2, b"b"), acks))
+    assert clock.wait_for_timers(1)
+    ledger.proxy().counts.get(timeout=5)  # both publishes handled
+    assert acks.acks == []
+    assert rows(db_path) == []  # nothing committed yet
+    clock.advance(0.005)
+    assert acks.wait_for(2) == [(AckKind.PUBACK, 1), (AckKind.PUBACK, 2)]
+    assert ledger.proxy().counts.get(timeout=5)["commits"] == 1
+
+
+def test_a_full_group_commits_without_waiting_for_the_timer(start_ledger, db_path):
+    clock = SimulatedClock()
+    ledger = start_ledger(clock, group_commit_max_delay=10.0, group_commit_max_messages=3)
+    acks = RecordingAcks(db_path)
+    for pid in (1, 2, 3):
+        ledger.tell(Inbound(publish(pid, bytes([pid])), acks))
+    assert len(acks.wait_for(3)) == 3
+
+
+def test_the_listener_gets_new_rows_in_arrival_order_and_no_duplicates(start_ledger, db_path):
+    ledger = start_ledger()
+    listener = Listener()
+    ledger.proxy().set_listener(listener).get(timeout=5)
+    acks = RecordingAcks(db_path)
+    for pid, payload in [(1, b"x"), (2, b"y"), (3, b"x"), (4, b"z")]:
+        ledger.tell(Inbound(publish(pid, payload), acks))
+    acks.wait_for(4)
+    with listener.cond:
+        assert listener.cond.wait_for(lambda: len(listener.records) >= 3, 5)
+    assert [r.payload for r in listener.records] == [b"x", b"y", b"z"]
+    assert [r.seq for r in listener.records] == sorted(r.seq for r in listener.records)
+
+
+def test_recovery_replays_open_batches_and_repacks_loose_rows(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    for pid in range(1, 6):
+        ledger.tell(Inbound(publish(pid, bytes([pid])), acks))
+    acks.wait_for(5)
+    proxy = ledger.proxy()
+    landed = proxy.begin_batch([(1, [1, 2])]).get(timeout=5)
+    proxy.commit_batch(landed, 2, 0).get(timeout=5)
+    open_batch = proxy.begin_batch([(2, [3]), (3, [4])]).get(timeout=5)
+    ledger.stop()
+
+    recovery = start_ledger().proxy().recovery().get(timeout=5)
+    assert [(b, [r.seq for r in recs]) for b, recs in recovery.open_batches] == [
+        (open_batch, [3, 4])
+    ]
+    assert [r.pack_id for r in recovery.open_batches[0][1]] == [2, 3]
+    assert [r.seq for r in recovery.loose] == [5]
+    assert recovery.next_pack_id == 4
+
+
+def test_a_landed_batch_drops_its_payloads_but_keeps_keys_to_refuse_redeliveries(
+    start_ledger, db_path
+):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"landed"), acks))
+    acks.wait_for(1)
+    proxy = ledger.proxy()
+    proxy.commit_batch(proxy.begin_batch([(1, [1])]).get(timeout=5), 1, 0).get(timeout=5)
+    assert rows(db_path) == [(message_key(TOPIC, b"landed"), None, None)]
+    ledger.tell(Inbound(publish(1, b"landed", dup=True), acks))
+    acks.wait_for(2)
+    assert len(rows(db_path)) == 1
+
+
+def test_landed_keys_are_pruned_after_the_retention_on_the_clock(start_ledger, db_path):
+    clock = SimulatedClock()
+    ledger = start_ledger(clock, retention_seconds=100.0)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"old"), acks))
+    acks.wait_for(1)
+    proxy = ledger.proxy()
+    proxy.commit_batch(proxy.begin_batch([(1, [1])]).get(timeout=5), 1, 0).get(timeout=5)
+    clock.advance(101)
+    ledger.tell(Inbound(publish(2, b"new"), acks))
+    acks.wait_for(2)
+    proxy.commit_batch(proxy.begin_batch([(2, [2])]).get(timeout=5), 1, 0).get(timeout=5)
+    assert [r[0] for r in rows(db_path)] == [message_key(TOPIC, b"new")]
+
+
+@pytest.mark.parametrize(("durability", "level"), [("process", 1), ("power", 2)])
+def test_durability_setting_chooses_the_sqlite_synchronous_level(db_path, durability, level):
+    from persistence.database import open_engine
+
+    engine = open_engine(db_path, durability)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == level
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    engine.dispose()
+
+
+def test_received_time_is_the_clocks_wall_time_frozen_by_freezegun(start_ledger, db_path):
+    clock = RealClock()
+    try:
+        with freeze_time("2026-11-21 08:00:00"):
+            ledger = start_ledger(clock)
+            listener = Listener()
+            ledger.proxy().set_listener(listener).get(timeout=5)
+            acks = RecordingAcks(db_path)
+            ledger.tell(Inbound(publish(1, b"t"), acks))
+            acks.wait_for(1)
+            with listener.cond:
+                assert listener.cond.wait_for(lambda: listener.records, 5)
+        assert listener.records[0].received_time == 1_795_248_000.0
+    finally:
+        clock.close()
+
+
+def test_asking_a_stopped_ledger_fails_loudly(start_ledger):
+    ledger = start_ledger()
+    proxy = ledger.proxy()
+    ledger.stop()
+    with pytest.raises(pykka.ActorDeadError):
+        proxy.stats().get(timeout=5)
