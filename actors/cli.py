@@ -42,11 +42,17 @@ def main() -> None:
 @config_option
 def run(config_path: Path | None) -> None:
     """Run the gateway until SIGTERM or SIGINT."""
+    from actors.crashpoints import CrashPointError, arm_from_environ
     from actors.daemon import configure_logging
     from actors.daemon import run as run_daemon
 
     config = _load(config_path)
     configure_logging(config.gateway.log_level)
+    try:
+        arm_from_environ()
+    except CrashPointError as error:
+        click.echo(f"fxgate: {error}", err=True)
+        sys.exit(2)
     sys.exit(run_daemon(config))
 
 

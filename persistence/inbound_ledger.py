@@ -21,6 +21,7 @@ import pykka
 from sqlalchemy import Connection, select
 
 from actors.clock import Clock, TimerHandle
+from actors.crashpoints import crash_point
 from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
 from persistence import database as db
 from persistence.keys import message_key as default_message_key
@@ -202,6 +203,7 @@ class InboundLedger(pykka.ThreadingActor):
             self.counts["unknown_pubrel"] += 1
             log.warning("PUBREL for packet id %d that the ledger never stored", pubrel.packet_id)
         else:
+            crash_point("after_pubrec_before_pubrel")
             self._set_packet_id(known[0], None)
         self._defer_ack(acks, pubrel.epoch, AckKind.PUBCOMP, pubrel.packet_id)
 
@@ -279,6 +281,8 @@ class InboundLedger(pykka.ThreadingActor):
         if not group.acks and not group.records:
             return
         self.counts["commits"] += 1
+        if group.acks:
+            crash_point("after_ledger_commit_before_ack")
         for acks, epoch, kind, packet_id in group.acks:
             acks.send_ack(epoch, kind, packet_id)
         if group.records and self._listener is not None:

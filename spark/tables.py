@@ -8,26 +8,36 @@ restart, a failed job) and the table still holds each row once. The mode is pass
 on every write, not only in the session conf, because a static overwrite of a partitioned path
 deletes the whole table (DESIGN §4); a session whose conf someone changed must not do that.
 
-What a killed write leaves behind (observed with pyspark 4.3, local mode, SIGKILL mid-job):
-tasks write under ``{table}/.spark-staging-<job uuid>/`` (with Hadoop's ``_temporary/0/...``
-attempt directories inside it); only the job commit moves finished partition directories into
-place, one rename per partition. A job killed before its commit therefore leaves
-``.spark-staging-*`` (and possibly ``_temporary``) directories full of complete-looking Parquet
-files, and nothing in the table proper. Both readers skip them: Spark's file index ignores every
-path component starting with ``.`` or ``_``, and ``pyarrow.dataset`` ignores the same prefixes
-(``ignore_prefixes`` default), so neither sees a partial batch from such leftovers. A kill in the
-middle of the commit can leave some partitions of the batch renamed and others not (a batch that
-spans two dates is then half visible) -- replaying the batch heals that, as it heals a crash
-between the tables of one batch. `clean_staging` removes the leftovers to reclaim the disk space;
+What a killed write leaves behind (observed with pyspark 4.3, local[2], a 100k-row write
+killed while its tasks were writing): tasks write under
+``{table}/.spark-staging-<job uuid>/_temporary/0/_temporary/attempt_*/date=../batch_id=../
+part-*.parquet``; only the job commit moves finished partition directories into place, one
+rename per partition. SIGKILL of the Python process alone left nothing: the JVM sees EOF on
+its stdin, exits through its shutdown hooks, and those abort the job and delete the staging
+directory. SIGKILL of Python *and* the JVM (a process-group kill, the OOM killer, power loss)
+left the whole ``.spark-staging-*`` tree with complete-looking Parquet files in it, and nothing
+of the batch in the table proper. Both readers skip such leftovers: Spark's file index ignores
+every path component starting with ``.`` or ``_``, and ``pyarrow.dataset`` ignores the same
+prefixes (``ignore_prefixes`` default) -- tests/spark/test_tables.py checks both. A kill in the
+middle of the commit can leave some partitions of the batch renamed and others not (a batch
+that spans two dates is then half visible): replaying the batch heals that, as it heals a crash
+between the tables of one batch. `clean_staging` removes leftovers to reclaim the disk space;
 call it only while no write is running (at start-up).
 
 Type round trip (Spark writes, `read_table_arrow` reads; both seen in tests/spark/test_tables.py):
-string, int16, int32, int64, float64 and binary come back as the same Arrow types;
+string, int8, int16, int32, int64, float64 and binary come back as the same Arrow types;
 ``timestamp[us, tz=UTC]`` comes back as ``timestamp[us, tz=UTC]`` because the session writes
 TIMESTAMP_MICROS (Spark's INT96 default would come back as naive nanoseconds). Tz-naive Arrow
-timestamps are taken as UTC by Spark (the session time zone) and come back tz-aware. The
-partition columns come back as ``date: string`` and ``batch_id: int64`` from both readers, last in
-column order.
+timestamps are taken as UTC by Spark (the session time zone) and come back tz-aware. Through
+Spark (`read_table(...).collect()`) timestamps arrive as naive UTC datetimes. The partition
+columns come back as ``date: string`` and ``batch_id: int64`` from both readers, last in column
+order.
+
+Size of a batch (measured, local[2], 512m driver, 250-byte rows over two dates, warm JVM):
+200 rows 0.25 s, 4k 0.29 s, 20k 0.35 s, 50k 0.5 s, 100k 0.84 s per `write_batch`, replays alike;
+the first write after start takes 3-5 s more. The rows travel inside the Spark task, so 200k
+such rows exhausted the 512m heap (the JVM then exits, see spark/session.py): keep a batch to
+tens of thousands of rows or raise the driver memory (at 1g 200k rows took 1.5 s).
 """
 
 from __future__ import annotations
@@ -77,6 +87,9 @@ class TableWriter:
     def __init__(self, session: SparkSession, tables_dir: Path | str) -> None:
         self._session = session
         self._tables_dir = str(tables_dir)
+        # build_session sets this too; a session built elsewhere would write INT96 (Spark's
+        # default), which the non-Spark readers see as naive nanoseconds.
+        session.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
 
     def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
         """Write every table of batch `batch_id`; return the rows written per table.

@@ -18,6 +18,7 @@ from pathlib import Path
 import pykka
 
 from actors.clock import Clock, TimerHandle
+from actors.crashpoints import crash_point, crash_soon
 from actors.pack import Pack, PackSealed
 from persistence.inbound_ledger import LedgerRecord
 from spark.schema import build_batch
@@ -136,15 +137,20 @@ class SparkWriterActor(pykka.ThreadingActor):
             return
         packs, self._pending, self._pending_messages = self._pending, [], 0
         batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get()
+        crash_point("after_batch_begin_before_job")
         self._write(batch_id, tuple(r for p in packs for r in p.records))
 
     def _write(self, batch_id: int, records: Sequence[LedgerRecord]) -> None:
         assert self._tables is not None
         started = self._clock.monotonic()
         tables = build_batch(records, batch_id)
+        mid_job = crash_soon("mid_spark_job")
         written = self._tables.write_batch(
             batch_id, {READS: tables.reads, DEAD_LETTERS: tables.dead_letters}
         )
+        if mid_job is not None:
+            mid_job.cancel()
+        crash_point("after_spark_job_before_mark")
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
         self._ledger.commit_batch(batch_id, rows, dead).get()
         result = BatchWritten(batch_id, len(records), rows, dead, self._clock.monotonic() - started)

@@ -1,0 +1,93 @@
+"""Named crash points: fault-injection tests make the daemon SIGKILL itself at an exact moment.
+
+`FXGATE_CRASH_AT=name` (or `name:n`, the n-th time the point is reached) arms one point for the
+life of the process. Unarmed, a crash point is one comparison. Each point sits in a window where a
+crash could lose or double a read if the design were wrong, so each is a test (tests/faults/).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+
+log = logging.getLogger(__name__)
+
+ENVIRONMENT_VARIABLE = "FXGATE_CRASH_AT"
+
+POINTS = frozenset(
+    {
+        # Rows are durable, the broker has no PUBACK/PUBREC yet: it must redeliver, we dedupe.
+        "after_ledger_commit_before_ack",
+        # The broker has our PUBREC (its PUBREL proves it); we die before recording the release.
+        "after_pubrec_before_pubrel",
+        # A batch id and its packs are recorded; no Spark job has run.
+        "after_batch_begin_before_job",
+        # Killed while the Spark job writes files (a timer fires shortly after the job starts).
+        "mid_spark_job",
+        # The Spark job succeeded; the ledger does not know yet.
+        "after_spark_job_before_mark",
+    }
+)
+
+MID_JOB_DELAY = 0.05
+
+_lock = threading.Lock()
+_armed: list[object] = [None, 0]  # [name, hits still to go]
+
+
+class CrashPointError(ValueError):
+    pass
+
+
+def arm(spec: str | None) -> None:
+    """Arm `name` or `name:n`; None or "" disarms."""
+    if not spec:
+        _armed[:] = [None, 0]
+        return
+    name, _, count = spec.partition(":")
+    if name not in POINTS:
+        known = ", ".join(sorted(POINTS))
+        raise CrashPointError(
+            f"{ENVIRONMENT_VARIABLE}: unknown crash point {name!r}; known: {known}"
+        )
+    try:
+        hits = int(count) if count else 1
+    except ValueError:
+        raise CrashPointError(f"{ENVIRONMENT_VARIABLE}: {count!r} is not a whole number") from None
+    if hits < 1:
+        raise CrashPointError(f"{ENVIRONMENT_VARIABLE}: the count must be at least 1")
+    _armed[:] = [name, hits]
+    log.warning("crash point armed: %s (hit %d)", name, hits)
+
+
+def arm_from_environ() -> None:
+    arm(os.environ.get(ENVIRONMENT_VARIABLE))
+
+
+def crash_point(name: str) -> None:
+    if _armed[0] != name:
+        return
+    with _lock:
+        _armed[1] -= 1
+        if _armed[1] > 0:
+            return
+    _die(name)
+
+
+def crash_soon(name: str, delay: float = MID_JOB_DELAY) -> threading.Timer | None:
+    """For points inside a long operation: die `delay` seconds from now unless cancelled."""
+    if _armed[0] != name:
+        return None
+    timer = threading.Timer(delay, crash_point, args=(name,))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
+def _die(name: str) -> None:
+    log.critical("crash point %s reached: SIGKILL", name)
+    for handler in logging.getLogger().handlers:
+        handler.flush()
+    os.kill(os.getpid(), signal.SIGKILL)

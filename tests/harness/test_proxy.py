@@ -1,0 +1,335 @@
+"""FaultProxy against a recording echo server (bytes) and against mosquitto with paho (flap).
+
+Absence of bytes is checked with a bounded wait (a receive timeout); everything else waits on the
+event it expects.
+"""
+
+from __future__ import annotations
+
+import socket
+import socketserver
+import threading
+from collections.abc import Callable, Iterator
+
+import paho.mqtt.client as mqtt
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
+
+from tests.harness.proxy import FaultProxy
+
+TIMEOUT = 10.0
+# How long "nothing arrives" is watched for.
+QUIET = 0.3
+
+
+class EchoServer(socketserver.ThreadingTCPServer):
+    """Echoes every byte back and records what it heard, its sockets, and how each one ended."""
+
+    daemon_threads = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), EchoHandler)
+        self.cond = threading.Condition()
+        self.heard = bytearray()
+        self.sockets: list[socket.socket] = []
+        self.endings: list[str] = []  # "eof" or "reset", one per connection that ended
+
+    @property
+    def port(self) -> int:
+        return self.server_address[1]
+
+    def wait_for(self, predicate: Callable[[], bool], timeout: float = TIMEOUT) -> bool:
+        with self.cond:
+            return self.cond.wait_for(predicate, timeout)
+
+
+class EchoHandler(socketserver.BaseRequestHandler):
+    server: EchoServer
+
+    def handle(self) -> None:
+        server = self.server
+        with server.cond:
+            server.sockets.append(self.request)
+            server.cond.notify_all()
+        ending = "eof"
+        while True:
+            try:
+                data = self.request.recv(65536)
+            except ConnectionResetError:
+                ending = "reset"
+                break
+            if not data:
+                break
+            with server.cond:
+                server.heard += data
+                server.cond.notify_all()
+            try:
+                self.request.sendall(data)
+            except OSError:
+                ending = "reset"
+                break
+        with server.cond:
+            server.endings.append(ending)
+            server.cond.notify_all()
+
+
+@pytest.fixture
+def echo() -> Iterator[EchoServer]:
+    server = EchoServer()
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join(TIMEOUT)
+
+
+@pytest.fixture
+def proxy(echo: EchoServer) -> Iterator[FaultProxy]:
+    with FaultProxy("127.0.0.1", echo.port) as started:
+        yield started
+
+
+@pytest.fixture
+def connect(proxy: FaultProxy) -> Iterator[Callable[[], socket.socket]]:
+    """Open client sockets to the proxy; all are closed after the test."""
+    opened: list[socket.socket] = []
+
+    def make() -> socket.socket:
+        sock = socket.create_connection((proxy.host, proxy.port), timeout=TIMEOUT)
+        opened.append(sock)
+        return sock
+
+    yield make
+    for sock in opened:
+        sock.close()
+
+
+def receive_exactly(sock: socket.socket, size: int, timeout: float = TIMEOUT) -> bytes:
+    sock.settimeout(timeout)
+    data = bytearray()
+    while len(data) < size:
+        chunk = sock.recv(size - len(data))
+        if not chunk:
+            raise EOFError(f"connection closed after {bytes(data)!r}")
+        data += chunk
+    return bytes(data)
+
+
+def round_trip(sock: socket.socket, payload: bytes) -> bytes:
+    sock.sendall(payload)
+    return receive_exactly(sock, len(payload))
+
+
+def nothing_arrives(sock: socket.socket) -> bool:
+    """True when the socket stays open and silent for QUIET seconds."""
+    sock.settimeout(QUIET)
+    try:
+        sock.recv(1)
+    except TimeoutError:
+        return True
+    return False
+
+
+def is_closed(sock: socket.socket) -> bool:
+    """True when the peer closed (EOF) or reset the connection within TIMEOUT."""
+    sock.settimeout(TIMEOUT)
+    try:
+        return sock.recv(1) == b""
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False
+
+
+def proxy_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("fault-proxy-")]
+
+
+def test_bytes_pass_both_ways_and_are_counted(proxy, connect, echo):
+    assert not proxy.wait_for_connections(1, 0.05)
+    client = connect()
+
+    assert round_trip(client, b"hello") == b"hello"
+    assert round_trip(client, b"world!") == b"world!"
+
+    assert proxy.wait_for_connections(1, TIMEOUT)
+    assert echo.heard == b"helloworld!"
+    assert (proxy.bytes_up, proxy.bytes_down) == (11, 11)
+    assert (proxy.accepted, proxy.active) == (1, 1)
+
+
+def test_a_side_that_closes_closes_the_other_side(proxy, connect, echo):
+    first, second = connect(), connect()
+    assert round_trip(first, b"a") == b"a"
+    assert round_trip(second, b"b") == b"b"
+
+    first.close()
+    assert echo.wait_for(lambda: echo.endings == ["eof"])
+
+    with echo.cond:
+        server_side = next(s for s in echo.sockets if s.getpeername() != first.getsockname())
+    server_side.shutdown(socket.SHUT_RDWR)
+    assert second.recv(1) == b""
+    assert proxy.active == 0
+
+
+def test_cut_resets_both_sides_of_every_pair_and_counts_them(proxy, connect, echo):
+    clients = [connect(), connect()]
+    for client in clients:
+        assert round_trip(client, b"x") == b"x"
+
+    assert proxy.cut() == 2
+
+    for client in clients:
+        with pytest.raises(ConnectionResetError):
+            client.recv(1)
+    assert echo.wait_for(lambda: echo.endings == ["reset", "reset"])
+    assert proxy.active == 0
+    assert proxy.cut() == 0
+
+
+def test_cut_still_accepts_new_connections(proxy, connect):
+    assert round_trip(connect(), b"before") == b"before"
+    assert proxy.cut() == 1
+
+    assert round_trip(connect(), b"after") == b"after"
+    assert (proxy.accepted, proxy.active) == (2, 1)
+
+
+def test_refuse_closes_new_connections_at_once_until_accept_restores(proxy, connect, echo):
+    forwarded = connect()
+    assert round_trip(forwarded, b"up") == b"up"
+
+    proxy.refuse()
+    refused = connect()
+
+    assert is_closed(refused)
+    assert proxy.wait_for_connections(2, TIMEOUT)
+    assert len(echo.sockets) == 1, "a refused connection must never reach the target"
+    assert round_trip(forwarded, b"still") == b"still", "refuse() leaves live pairs alone"
+
+    proxy.accept()
+    assert round_trip(connect(), b"back") == b"back"
+    assert len(echo.sockets) == 2
+
+
+def test_stall_holds_bytes_both_ways_and_resume_delivers_them_in_order(proxy, connect, echo):
+    client = connect()
+    assert round_trip(client, b"hi") == b"hi"
+    server_side = echo.sockets[0]
+
+    proxy.stall()
+    client.sendall(b"one")
+    server_side.sendall(b"push")
+    client.sendall(b"two")
+
+    assert nothing_arrives(client)
+    assert echo.heard == b"hi"
+    assert (proxy.bytes_up, proxy.bytes_down) == (2, 2)
+
+    proxy.resume()
+    assert receive_exactly(client, 10) == b"pushonetwo"
+    assert echo.heard == b"hionetwo"
+    assert proxy.active == 1
+
+
+def test_half_open_keeps_the_client_open_while_nothing_comes_back(proxy, connect, echo):
+    client = connect()
+    assert round_trip(client, b"hi") == b"hi"
+    server_side = echo.sockets[0]
+
+    proxy.half_open()
+    client.sendall(b"lost")
+    server_side.sendall(b"gone")
+    assert nothing_arrives(client)
+
+    # The broker gives up on the silent client; a dead NAT never tells the client.
+    server_side.shutdown(socket.SHUT_RDWR)
+    assert echo.wait_for(lambda: echo.endings == ["eof"])
+    assert nothing_arrives(client)
+    assert echo.heard == b"hi"
+    assert proxy.active == 1
+
+    proxy.resume()
+    assert client.recv(4) == b"", "resume() passes the close on and not the dropped bytes"
+    assert proxy.active == 0
+
+
+def test_resume_after_half_open_forwards_new_bytes_but_not_the_dropped_ones(proxy, connect, echo):
+    client = connect()
+    assert round_trip(client, b"hi") == b"hi"
+
+    proxy.half_open()
+    client.sendall(b"lost")
+    assert nothing_arrives(client)
+
+    proxy.resume()
+    assert round_trip(client, b"kept") == b"kept"
+    assert echo.heard == b"hikept"
+
+
+def test_cut_ends_half_open_with_a_reset(proxy, connect):
+    client = connect()
+    assert round_trip(client, b"hi") == b"hi"
+    proxy.half_open()
+
+    assert proxy.cut() == 1
+    with pytest.raises(ConnectionResetError):
+        client.recv(1)
+
+
+def test_close_leaves_no_fault_proxy_thread_and_stops_listening(echo):
+    proxy = FaultProxy("127.0.0.1", echo.port)
+    proxy.start()
+    clients = [socket.create_connection((proxy.host, proxy.port), timeout=TIMEOUT)]
+    clients.append(socket.create_connection((proxy.host, proxy.port), timeout=TIMEOUT))
+    try:
+        for client in clients:
+            assert round_trip(client, b"x") == b"x"
+        proxy.stall()
+        assert len(proxy_threads()) == 3
+
+        proxy.close()
+
+        assert proxy_threads() == []
+        assert all(is_closed(client) for client in clients)
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection((proxy.host, proxy.port), timeout=TIMEOUT).close()
+        proxy.close()
+    finally:
+        for client in clients:
+            client.close()
+
+
+@pytest.mark.broker
+def test_flap_three_times_sees_a_self_reconnecting_paho_client_connect_four_times(mosquitto):
+    with FaultProxy(mosquitto.host, mosquitto.port) as proxy:
+        client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id="flapper", protocol=MQTTProtocolVersion.MQTTv5
+        )
+        client.reconnect_delay_set(0.05, 0.2)
+        cond = threading.Condition()
+        connected_on: list[int] = []  # proxy connection number each CONNACK arrived over
+
+        def on_connect(*_args) -> None:
+            with cond:
+                connected_on.append(proxy.accepted)
+                cond.notify_all()
+
+        client.on_connect = on_connect
+        client.connect(proxy.host, proxy.port)
+        client.loop_start()
+        try:
+            with cond:
+                assert cond.wait_for(lambda: connected_on == [1], TIMEOUT)
+
+            proxy.flap(3, timeout=TIMEOUT)
+
+            assert proxy.accepted == 4
+            with cond:
+                assert cond.wait_for(lambda: connected_on[-1] == 4, TIMEOUT), connected_on
+            assert proxy.active == 1
+        finally:
+            client.disconnect()
+            client.loop_stop()
