@@ -47,16 +47,37 @@ def gateway_env(broker, data: Path) -> dict[str, str]:
     }
 
 
-def wait_for_rows(daemon, tables: Path, expected: int, timeout: float = 120.0) -> int:
-    """Wait, on the daemon's 'batch written' log lines, until the table holds `expected` rows."""
+def settled(data: Path) -> tuple[int, int, int]:
+    """(rows in the reads table, ledger rows not yet landed, batches begun and not committed)."""
+    from persistence.database import open_engine
+
+    rows = read_table_arrow(data / "tables", READS).num_rows
+    engine = open_engine(data / "ledger.sqlite", readonly=True)
+    try:
+        with engine.connect() as conn:
+            pending = conn.exec_driver_sql(
+                "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
+            ).scalar()
+            open_batches = conn.exec_driver_sql(
+                "SELECT count(*) FROM batches WHERE state = 'writing'"
+            ).scalar()
+    finally:
+        engine.dispose()
+    return rows, pending, open_batches
+
+
+def wait_until_landed(daemon, data: Path, expected: int, timeout: float = 120.0) -> None:
+    """Wait, on the daemon's 'batch written' log lines, until the table holds `expected` rows and
+    the ledger has nothing pending (a replayed batch is committed, not just rewritten)."""
     deadline = time.monotonic() + timeout
+    daemon.wait_for_log(r"fxgate started", timeout=timeout)
     while True:
         mark = daemon.mark()
-        rows = read_table_arrow(tables, READS).num_rows
-        if rows >= expected:
-            return rows
+        state = settled(data)
+        if state == (expected, 0, 0):
+            return
         remaining = deadline - time.monotonic()
-        assert remaining > 0, f"{rows} of {expected} rows after {timeout} s"
+        assert remaining > 0, f"(rows, pending, open batches) = {state} after {timeout} s"
         daemon.wait_for_log(r"batch \d+ written", timeout=remaining, after=mark)
 
 
@@ -92,7 +113,7 @@ def test_a_kill_at_a_named_crash_point_loses_and_doubles_nothing(
     assert doomed.alive_spawned() == []
 
     survivor = daemon_factory(env)
-    wait_for_rows(survivor, data / "tables", len(expected))
+    wait_until_landed(survivor, data, len(expected))
     assert survivor.terminate() == 0
 
     ids, readers = landed_ids_arrow(data / "tables")

@@ -91,7 +91,9 @@ def test_two_batches_on_two_dates_are_both_present_and_both_readers_see_the_same
     spark = read_table(spark_session, tmp_path, READS)
 
     spark_rows = sorted((r.id, r.date, r.batch_id) for r in spark.collect())
-    arrow_rows = sorted(zip(*(arrow.column(c).to_pylist() for c in ("id", "date", "batch_id"))))
+    arrow_rows = sorted(
+        zip(*(arrow.column(c).to_pylist() for c in ("id", "date", "batch_id")), strict=True)
+    )
     assert spark_rows == arrow_rows
     assert spark_rows == [
         (1, DAY_1, 3),
