@@ -223,6 +223,8 @@ class SourceConfig(_Section):
 class LedgerConfig(_Section):
     group_commit_max_messages: int = Field(200, ge=1)
     group_commit_max_delay_seconds: float = Field(0.005, ge=0)
+    # How each row's message_id is formed (persistence.keys.READ_KEYS).
+    idempotency_key: Literal["payload_hash", "read_fields"] = "payload_hash"
 
 
 class PacksConfig(_Section):

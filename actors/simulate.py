@@ -64,13 +64,14 @@ class TagEventGenerator:
         self,
         reader: str,
         seed: int = 0,
-        wall: Callable[[], float] = time.time,
+        wall: Callable[[], float] | None = None,
         population: int = 500,
     ) -> None:
         self.reader = reader
         # A str seed is hashed with SHA-512 by `random`: stable across processes, unlike hash().
         self._rng = random.Random(f"{seed}:{reader}")
-        self._wall = wall
+        # Looked up at each call, not bound here, so that freezegun can freeze it in tests.
+        self._wall = wall if wall is not None else (lambda: time.time())  # noqa: PLW0108
         pad = EPC_HEX_DIGITS - len(EPC_PREFIX)
         self.epcs: tuple[str, ...] = tuple(
             EPC_PREFIX + format(self._rng.getrandbits(4 * pad), f"0{pad}x")

@@ -118,6 +118,7 @@ class Supervisor:
                 batch_max_rows=cfg.spark.batch_max_rows,
                 batch_max_seconds=cfg.spark.batch_max_seconds,
                 on_batch=self._on_batch,
+                idempotency_key=cfg.ledger.idempotency_key,
             )
             pack = self._start(
                 "packs",

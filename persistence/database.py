@@ -67,6 +67,19 @@ batches = Table(
     sqlite_autoincrement=True,
 )
 
+# With per-read keys from payload fields, one read can come in two different messages. The first
+# batch to claim a read id owns it; a replay of that batch finds its own claims again, so the
+# filtered rows are the same on every attempt, and the table never holds a read id twice.
+read_claims = Table(
+    "read_claims",
+    metadata,
+    Column("message_id", String, primary_key=True),
+    Column("batch_id", Integer, nullable=False),
+    Column("claimed_time", Float, nullable=False),
+)
+Index("read_claims_batch_id", read_claims.c.batch_id)
+Index("read_claims_claimed_time", read_claims.c.claimed_time)
+
 # Small named counters that must never go back across restarts (pack ids).
 counters = Table(
     "counters",

@@ -350,6 +350,25 @@ class InboundLedger(pykka.ThreadingActor):
         self._commit()
         return batch_id
 
+    def claim_reads(self, batch_id: int, read_ids: Sequence[str]) -> set[str]:
+        """Claim read ids for a batch; returns those the batch owns (new, or claimed by an
+        earlier attempt of the same batch). Used with payload-field keys only."""
+        assert self._conn is not None
+        now = self._clock.wall()
+        self._conn.exec_driver_sql(
+            "INSERT INTO read_claims (message_id, batch_id, claimed_time) VALUES (?, ?, ?) "
+            "ON CONFLICT (message_id) DO NOTHING",
+            [(read_id, batch_id, now) for read_id in read_ids],
+        )
+        owned = {
+            row[0]
+            for row in self._conn.exec_driver_sql(
+                "SELECT message_id FROM read_claims WHERE batch_id = ?", (batch_id,)
+            )
+        }
+        self._commit()
+        return owned
+
     def commit_batch(self, batch_id: int, rows: int, dead_letters: int) -> None:
         """The batch is in the tables: mark it, drop its payloads, prune old landed keys."""
         assert self._conn is not None
@@ -366,6 +385,9 @@ class InboundLedger(pykka.ThreadingActor):
         self._conn.exec_driver_sql(
             "DELETE FROM inbound WHERE landed_time < ? AND packet_id IS NULL",
             (now - self._retention,),
+        )
+        self._conn.exec_driver_sql(
+            "DELETE FROM read_claims WHERE claimed_time < ?", (now - self._retention,)
         )
         self._commit()
 

@@ -15,7 +15,7 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from persistence.keys import read_id
+from persistence.keys import ReadKey, payload_hash_read_id
 from spark.zebra import PayloadError, TagRead, parse_payload, reader_id_from_topic
 
 log = logging.getLogger(__name__)
@@ -85,12 +85,15 @@ Parser = Callable[[bytes], tuple[TagRead, ...]]
 
 
 def build_batch(
-    records: Iterable[LedgerRecord], batch_id: int, parse: Parser = parse_payload
+    records: Iterable[LedgerRecord],
+    batch_id: int,
+    parse: Parser = parse_payload,
+    read_key: ReadKey = payload_hash_read_id,
 ) -> BatchTables:
     """Parse every record: one `reads` row per tag read, one `dead_letters` row per bad message.
 
     Rows come in record order, then read order within a message, so the same records always give
-    identical tables.
+    identical tables. `read_key` names each read (its `message_id`; persistence.keys.READ_KEYS).
     """
     message_id: list[str] = []
     topic: list[str] = []
@@ -144,7 +147,7 @@ def build_batch(
             reader = readers[record_topic] = reader_id_from_topic(record_topic)
         key = record.message_key
         for index, read in enumerate(reads):
-            message_id.append(read_id(key, index))
+            message_id.append(read_key(key, reader, index, read))
             epc.append(read.epc)
             antenna.append(read.antenna)
             peak_rssi.append(read.peak_rssi)

@@ -15,12 +15,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import pyarrow as pa
 import pykka
 
 from actors.clock import Clock, TimerHandle
 from actors.crashpoints import crash_point, crash_soon
 from actors.pack import Pack, PackSealed
 from persistence.inbound_ledger import LedgerRecord
+from persistence.keys import READ_KEYS
 from spark.schema import build_batch
 from spark.tables import DEAD_LETTERS, READS, TableWriter, clean_staging
 
@@ -61,6 +63,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         batch_max_rows: int = 20_000,
         batch_max_seconds: float = 2.0,
         on_batch: Callable[[BatchWritten], None] | None = None,
+        idempotency_key: str = "payload_hash",
     ) -> None:
         super().__init__()
         self._ledger = ledger
@@ -71,6 +74,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._batch_max_rows = batch_max_rows
         self._batch_max_seconds = batch_max_seconds
         self._on_batch = on_batch
+        self._read_key = READ_KEYS[idempotency_key]
+        # Payload-hash ids are unique per stored message already; field ids need claims.
+        self._claim_reads = idempotency_key != "payload_hash"
         self._pending: list[Pack] = []
         self._pending_messages = 0
         self._timer: TimerHandle | None = None
@@ -140,13 +146,31 @@ class SparkWriterActor(pykka.ThreadingActor):
         crash_point("after_batch_begin_before_job")
         self._write(batch_id, tuple(r for p in packs for r in p.records))
 
+    def _owned_reads(self, batch_id: int, reads: pa.Table) -> pa.Table:
+        """Keep the reads whose id this batch owns, each once (first occurrence)."""
+        ids = reads.column("message_id").to_pylist()
+        owned = self._ledger.claim_reads(batch_id, ids).get()
+        seen: set[str] = set()
+        keep = []
+        for read_id in ids:
+            keep.append(read_id in owned and read_id not in seen)
+            seen.add(read_id)
+        dropped = len(ids) - sum(keep)
+        if dropped:
+            log.info(
+                "batch %d: %d read(s) already in the table, not written again", batch_id, dropped
+            )
+            return reads.filter(pa.array(keep))
+        return reads
+
     def _write(self, batch_id: int, records: Sequence[LedgerRecord]) -> None:
         assert self._tables is not None
         started = self._clock.monotonic()
-        tables = build_batch(records, batch_id)
+        tables = build_batch(records, batch_id, read_key=self._read_key)
+        reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
         mid_job = crash_soon("mid_spark_job")
         written = self._tables.write_batch(
-            batch_id, {READS: tables.reads, DEAD_LETTERS: tables.dead_letters}
+            batch_id, {READS: reads, DEAD_LETTERS: tables.dead_letters}
         )
         if mid_job is not None:
             mid_job.cancel()

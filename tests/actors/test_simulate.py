@@ -224,3 +224,13 @@ def test_simulate_publishes_every_message_and_records_acks(mosquitto, qos):
     assert {r.reads for r in result.published} == {2}
     assert handed == list(range(1, 101))
     assert not [t for t in threading.enumerate() if "fx-sim" in t.name]
+
+
+def test_event_timestamps_are_the_wall_time_frozen_by_freezegun():
+    import json
+
+    from freezegun import freeze_time
+
+    with freeze_time("2026-11-21 10:00:00.250"):
+        event = json.loads(TagEventGenerator("fx9600-01", seed=3).next_payload())
+    assert event["timestamp"] == "2026-11-21T10:00:00.250+0000"

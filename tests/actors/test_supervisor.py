@@ -14,13 +14,19 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 
 @pytest.fixture
-def gateway(mosquitto, spark_session, tmp_path):
+def overrides():
+    return {}
+
+
+@pytest.fixture
+def gateway(mosquitto, spark_session, tmp_path, overrides):
     """A started Supervisor on the embedded defaults, pointed at the test broker and tmp_path."""
     environ = {
         "FXGATE__SOURCE__PORT": str(mosquitto.port),
         "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
         "FXGATE__PACKS__LINGER_SECONDS": "0.2",
         "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+        **overrides,
     }
     config = load_config(None, environ=environ, hostname="gw-test")
     clock = RealClock()
@@ -86,3 +92,34 @@ def test_a_malformed_payload_goes_to_dead_letters_and_the_next_good_read_still_l
         ("fx9600-07", "e2801160600002054cc2096f", 1)
     ]
     assert gateway.ref("source").is_alive()
+
+
+def zebra_event(event_num: int, epc: str) -> dict:
+    return {
+        "data": {"idHex": epc, "antenna": 2, "peakRssi": -60, "eventNum": event_num},
+        "timestamp": f"2026-11-21T10:00:{event_num:02d}.000+0000",
+        "type": "SIMPLE",
+    }
+
+
+@pytest.mark.parametrize("overrides", [{"FXGATE__LEDGER__IDEMPOTENCY_KEY": "read_fields"}])
+def test_with_read_field_keys_a_read_resent_in_another_message_is_stored_once(
+    gateway, mosquitto, spark_session
+):
+    import json
+
+    topic = "zebra/fx/fx9600-03/reads"
+    first = json.dumps([zebra_event(1, "e2a1"), zebra_event(2, "e2b2")]).encode()
+    second = json.dumps([zebra_event(2, "e2b2"), zebra_event(3, "e2c3")]).encode()
+    publish_all(mosquitto.host, mosquitto.port, [(topic, first)], qos=1)
+    assert gateway.wait_for_landed(2, timeout=60)
+    publish_all(mosquitto.host, mosquitto.port, [(topic, second)], qos=1)
+    assert gateway.wait_for_landed(3, timeout=60)
+    tables = gateway.config.spark.tables_path(gateway.config.gateway.data_path)
+    rows = read_table(spark_session, tables, "reads").select("message_id", "epc").collect()
+    assert sorted((r["message_id"].split("/")[1], r["epc"]) for r in rows) == [
+        ("1", "e2a1"),
+        ("2", "e2b2"),
+        ("3", "e2c3"),
+    ]
+    assert gateway.batches_written == 2

@@ -32,3 +32,37 @@ def test_separator_keeps_topic_and_payload_boundaries_apart():
 def test_read_id_suffixes_the_message_key_with_the_read_index():
     assert read_id("accde58c1ed7ef9553d523433057d215", 0) == "accde58c1ed7ef9553d523433057d215:0"
     assert read_id("k", 12) == "k:12"
+
+
+def _read(event_num, when):
+    from spark.zebra import TagRead
+
+    return TagRead("e200", 1, -50.0, 902.75, 10.0, event_num, when)
+
+
+def test_read_fields_id_is_reader_event_number_and_event_time_in_microseconds():
+    from datetime import UTC, datetime
+
+    from persistence.keys import read_fields_read_id
+
+    when = datetime(2026, 11, 21, 10, 0, 0, 123000, tzinfo=UTC)
+    assert read_fields_read_id("k", "fx9600-01", 3, _read(77, when)) == (
+        "fx9600-01/77/1795255200123000"
+    )
+
+
+def test_read_fields_id_ignores_which_message_carried_the_read():
+    from datetime import UTC, datetime
+
+    from persistence.keys import read_fields_read_id
+
+    read = _read(5, datetime(2026, 1, 1, tzinfo=UTC))
+    assert read_fields_read_id("one", "r", 0, read) == read_fields_read_id("two", "r", 9, read)
+
+
+def test_a_read_without_event_number_falls_back_to_the_payload_hash_id():
+    from datetime import UTC, datetime
+
+    from persistence.keys import read_fields_read_id
+
+    assert read_fields_read_id("abc", "r", 2, _read(None, datetime.now(UTC))) == "abc:2"
