@@ -8,6 +8,12 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUFF     := $(VENV)/bin/ruff
 PYTEST_ARGS ?=
 
+# The full soak (issue 3): at least 20 daemon SIGKILLs, 5 broker restarts, 50 connection flaps
+# per QoS; results go to bench/results/soak-qos*.json. `make test` runs a short schedule.
+SOAK_KILLS    ?= 20
+SOAK_RESTARTS ?= 5
+SOAK_FLAPS    ?= 50
+
 .PHONY: demo test lint format bench soak system-deps deps clean
 
 demo: deps
@@ -15,6 +21,11 @@ demo: deps
 
 test: deps lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+soak: deps
+	FXGATE_SOAK_KILLS=$(SOAK_KILLS) FXGATE_SOAK_BROKER_RESTARTS=$(SOAK_RESTARTS) \
+	FXGATE_SOAK_FLAPS=$(SOAK_FLAPS) FXGATE_SOAK_RESULTS=bench/results \
+	$(VENV)/bin/pytest -p no:cacheprovider -s tests/soak
 
 lint: deps
 	$(RUFF) check --config .ci/ruff.toml actors persistence spark tests

@@ -9,4 +9,6 @@ from tests.harness.spark import spark_session  # noqa: F401
 
 # freezegun patches time.monotonic in every module it does not ignore; pykka's timeouts (and paho's
 # keep-alive, and py4j's sockets) hang under a frozen monotonic clock (DESIGN §6).
-freezegun.configure(extend_ignore_list=["pykka", "paho", "py4j", "pyspark", "threading"])
+freezegun.configure(
+    extend_ignore_list=["pykka", "paho", "py4j", "pyspark", "threading", "tests.harness.proxy"]
+)

@@ -3,7 +3,6 @@
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -11,7 +10,7 @@ import pytest
 from actors import crashpoints
 from actors.simulate import expected_read_ids, simulate
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
-from spark.tables import READS, read_table_arrow
+from tests.harness.checks import wait_until_landed
 from tests.harness.mqtt import publish_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,40 +44,6 @@ def gateway_env(broker, data: Path) -> dict[str, str]:
         "FXGATE__PACKS__MAX_MESSAGES": "50",
         "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
     }
-
-
-def settled(data: Path) -> tuple[int, int, int]:
-    """(rows in the reads table, ledger rows not yet landed, batches begun and not committed)."""
-    from persistence.database import open_engine
-
-    rows = read_table_arrow(data / "tables", READS).num_rows
-    engine = open_engine(data / "ledger.sqlite", readonly=True)
-    try:
-        with engine.connect() as conn:
-            pending = conn.exec_driver_sql(
-                "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
-            ).scalar()
-            open_batches = conn.exec_driver_sql(
-                "SELECT count(*) FROM batches WHERE state = 'writing'"
-            ).scalar()
-    finally:
-        engine.dispose()
-    return rows, pending, open_batches
-
-
-def wait_until_landed(daemon, data: Path, expected: int, timeout: float = 120.0) -> None:
-    """Wait, on the daemon's 'batch written' log lines, until the table holds `expected` rows and
-    the ledger has nothing pending (a replayed batch is committed, not just rewritten)."""
-    deadline = time.monotonic() + timeout
-    daemon.wait_for_log(r"fxgate started", timeout=timeout)
-    while True:
-        mark = daemon.mark()
-        state = settled(data)
-        if state == (expected, 0, 0):
-            return
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"(rows, pending, open batches) = {state} after {timeout} s"
-        daemon.wait_for_log(r"batch \d+ written", timeout=remaining, after=mark)
 
 
 CASES = [

@@ -15,6 +15,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from types import TracebackType
 
 log = logging.getLogger(__name__)
@@ -26,6 +27,8 @@ _CHUNK = 65536
 # peer that never reads cannot make the proxy grow without bound.
 _HIGH_WATER = 1 << 20
 _STOP_TIMEOUT = 10.0
+# After passing a close on, how long to wait for the other side to close too (socat's -t is 0.5 s).
+_CLOSE_GRACE = 1.0
 # SO_LINGER on with a zero timeout: close() sends RST and drops unsent data, as a dead link would.
 _LINGER_RESET = struct.pack("ii", 1, 0)
 
@@ -37,12 +40,20 @@ class _Mode(enum.Enum):
 
 
 class _Pair:
-    """One client connection and the upstream connection made for it."""
+    """One client connection and the upstream connection made for it.
+
+    `doomed` and `closing` are shared, under the proxy's Condition; everything else belongs to the
+    pair's pump thread alone.
+    """
 
     def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
         self.client = client
         self.upstream = upstream
-        self.doomed = False  # set by cut()/close(); the pump then resets both sides
+        self.doomed = False  # set by cut()/close(): the pump resets both sides and ends
+        self.closing = False  # a side closed and the close was passed on; no longer active
+        self.closing_since = 0.0
+        self.outbox = {client: bytearray(), upstream: bytearray()}  # bytes to write to that side
+        self.ended: set[socket.socket] = set()  # sides that sent EOF or failed
         self.thread: threading.Thread | None = None
 
     def peer(self, sock: socket.socket) -> socket.socket:
@@ -65,7 +76,8 @@ class FaultProxy:
         self.target_host = target_host
         self.target_port = target_port
         self.host = listen_host
-        self._listen_port = listen_port or 0
+        # Where clients connect; a port of 0 is replaced by the free port start() binds.
+        self.port = listen_port or 0
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
         self._cond = threading.Condition()
@@ -81,22 +93,14 @@ class FaultProxy:
 
     # -- life cycle ---------------------------------------------------------------------------
 
-    @property
-    def port(self) -> int:
-        """The port clients connect to (a free one, chosen by start(), when none was given)."""
-        if self._listener is not None:
-            return self._listener.getsockname()[1]
-        if self._listen_port:
-            return self._listen_port
-        raise RuntimeError("the proxy chooses its port in start(); call start() first")
-
     def start(self) -> None:
         if self._listener is not None or self._closed:
             raise RuntimeError("a FaultProxy starts once")
-        listener = socket.create_server((self.host, self._listen_port))
+        listener = socket.create_server((self.host, self.port))
         # accept() wakes up this often to see whether close() was called.
         listener.settimeout(_POLL_SECONDS)
         self._listener = listener
+        self.port = listener.getsockname()[1]
         self._acceptor = threading.Thread(
             target=self._accept_loop, name=f"fault-proxy-accept-{self.port}", daemon=True
         )
@@ -126,8 +130,8 @@ class FaultProxy:
         for pump in pumps:
             pump.join(_STOP_TIMEOUT)
         if self._listener is not None:
-            log.info("fault proxy on port %d closed", self._listener.getsockname()[1])
             self._listener.close()
+            log.info("fault proxy on port %d closed", self.port)
         stuck = [t.name for t in [self._acceptor, *pumps] if t is not None and t.is_alive()]
         if stuck:
             raise RuntimeError(f"fault proxy threads did not stop: {stuck}")
@@ -147,10 +151,10 @@ class FaultProxy:
     # -- faults -------------------------------------------------------------------------------
 
     def cut(self) -> int:
-        """Reset both sides of every live pair at once; returns how many pairs were cut.
+        """Reset both sides of every pair at once; returns how many of them were active.
 
-        Returns only when every one of those sockets is closed. New connections are still
-        accepted (unless refuse() is on).
+        Returns only when all those sockets are closed. New connections are still accepted
+        (unless refuse() is on).
         """
         with self._cond:
             doomed = list(self._live)
@@ -161,8 +165,9 @@ class FaultProxy:
                 lambda: not any(pair in self._live for pair in doomed), _STOP_TIMEOUT
             ):
                 raise RuntimeError("fault proxy pumps did not close their sockets")
-        log.info("fault proxy on port %d cut %d connection(s)", self.port, len(doomed))
-        return len(doomed)
+        count = sum(1 for pair in doomed if not pair.closing)
+        log.info("fault proxy on port %d cut %d connection(s)", self.port, count)
+        return count
 
     def refuse(self) -> None:
         """From now on, close each new connection as soon as it is accepted: the broker looks down.
@@ -184,7 +189,7 @@ class FaultProxy:
     def half_open(self) -> None:
         """Forward nothing and close nothing, dropping what arrives: a dead NAT in the path.
 
-        A side that closes meanwhile is not passed on; resume() then closes the pair, cut() resets it.
+        A side that closes meanwhile is not passed on until resume(); cut() resets both sides.
         """
         self._set_mode(_Mode.HALF_OPEN)
 
@@ -212,9 +217,9 @@ class FaultProxy:
 
     @property
     def active(self) -> int:
-        """Pairs open right now."""
+        """Pairs forwarding (or stalled) right now; a pair whose close was passed on is not one."""
         with self._cond:
-            return len(self._live)
+            return sum(1 for pair in self._live if not pair.closing)
 
     @property
     def accepted(self) -> int:
@@ -297,13 +302,11 @@ class FaultProxy:
             return None
 
     def _pump(self, pair: _Pair) -> None:
-        client, upstream = pair.client, pair.upstream
-        by_fd = {client.fileno(): client, upstream.fileno(): upstream}
-        outbox = {client: bytearray(), upstream: bytearray()}  # bytes still to write to that side
-        ended: set[socket.socket] = set()  # sides that sent EOF or failed
+        sockets = (pair.client, pair.upstream)
+        by_fd = {sock.fileno(): sock for sock in sockets}
         poller = select.poll()
         try:
-            for sock in (client, upstream):
+            for sock in sockets:
                 sock.setblocking(False)
                 # MQTT packets are small; Nagle on the proxy would add delays the real path lacks.
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -313,36 +316,35 @@ class FaultProxy:
                         return
                     forwarding = self._mode is _Mode.FORWARD
                 reading = set()
-                for sock in (client, upstream):
+                for sock in sockets:
                     mask = 0
-                    if sock not in ended and len(outbox[pair.peer(sock)]) < _HIGH_WATER:
+                    if sock not in pair.ended and len(pair.outbox[pair.peer(sock)]) < _HIGH_WATER:
                         mask |= select.POLLIN
                         reading.add(sock)
-                    if forwarding and outbox[sock]:
+                    if forwarding and pair.outbox[sock]:
                         mask |= select.POLLOUT
                     if mask:
-                        poller.register(sock, mask)  # registering again modifies the mask
+                        poller.register(sock, mask)  # registering again replaces the mask
                     else:
                         try:
                             poller.unregister(sock)
                         except KeyError:
                             pass
                 for fd, _ in poller.poll(_POLL_SECONDS * 1000):
-                    sock = by_fd[fd]
-                    if sock in reading:
-                        self._receive(sock, outbox[pair.peer(sock)], ended)
-                if not self._deliver(pair, outbox, ended):
+                    if by_fd[fd] in reading:
+                        self._receive(pair, by_fd[fd])
+                if not self._deliver(pair):
                     return
         except OSError:
             log.exception("fault proxy pump failed")
         finally:
             with self._cond:
-                _close(client, reset=pair.doomed)
-                _close(upstream, reset=pair.doomed)
+                _close(pair.client, reset=pair.doomed)
+                _close(pair.upstream, reset=pair.doomed)
                 self._live.discard(pair)
                 self._cond.notify_all()
 
-    def _receive(self, sock: socket.socket, outbox: bytearray, ended: set[socket.socket]) -> None:
+    def _receive(self, pair: _Pair, sock: socket.socket) -> None:
         try:
             data = sock.recv(_CHUNK)
         except BlockingIOError:
@@ -350,20 +352,15 @@ class FaultProxy:
         except OSError:
             data = b""  # a reset ends the side like an EOF does
         if not data:
-            ended.add(sock)
+            pair.ended.add(sock)
             return
         # The mode is read after the bytes arrived, so bytes sent after stall() or half_open()
         # returned always obey it.
         with self._cond:
             if self._mode is not _Mode.HALF_OPEN:
-                outbox += data
+                pair.outbox[pair.peer(sock)] += data
 
-    def _deliver(
-        self,
-        pair: _Pair,
-        outbox: dict[socket.socket, bytearray],
-        ended: set[socket.socket],
-    ) -> bool:
+    def _deliver(self, pair: _Pair) -> bool:
         """Write what is waiting, if forwarding; False when the pair is finished."""
         # Non-blocking sends under the lock: once stall() returns nothing more goes out, and a
         # reader that has the bytes sees them counted.
@@ -372,7 +369,7 @@ class FaultProxy:
                 return False
             if self._mode is not _Mode.FORWARD:
                 return True
-            for sock, pending in outbox.items():
+            for sock, pending in pair.outbox.items():
                 if not pending:
                     continue
                 try:
@@ -380,14 +377,39 @@ class FaultProxy:
                 except BlockingIOError:
                     continue
                 except OSError:
-                    return False
+                    # That side is gone; still deliver what it sent towards the other one.
+                    pending.clear()
+                    pair.ended.add(sock)
+                    continue
                 del pending[:sent]
                 if sock is pair.upstream:
                     self._bytes_up += sent
                 else:
                     self._bytes_down += sent
-        # A side that closed closes the other, once what it sent before closing is through.
-        return not any(not outbox[pair.peer(side)] for side in ended)
+            if not pair.closing and any(not pair.outbox[pair.peer(s)] for s in pair.ended):
+                self._pass_close_on(pair)
+        if not pair.closing:
+            return True
+        finished = len(pair.ended) == 2 and not any(pair.outbox.values())
+        return not finished and time.monotonic() - pair.closing_since < _CLOSE_GRACE
+
+    def _pass_close_on(self, pair: _Pair) -> None:
+        """A side closed and what it sent first is through: FIN the other side after its bytes.
+
+        The sockets themselves close only once both sides have closed (or after _CLOSE_GRACE):
+        closing a socket with unread input makes Linux send RST and drop its unsent output
+        (RFC 2525 §2.17), which would lose the tail of a write to a slow reader.
+        """
+        pair.closing = True
+        pair.closing_since = time.monotonic()
+        for side in list(pair.ended):
+            other = pair.peer(side)
+            if other not in pair.ended:
+                try:
+                    other.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pair.ended.add(other)
+        self._cond.notify_all()
 
 
 def _close(sock: socket.socket, *, reset: bool) -> None:
