@@ -91,6 +91,10 @@ class TableWriter:
         # default), which the non-Spark readers see as naive nanoseconds.
         session.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
 
+    def cancel(self) -> None:
+        """Cancel the running Spark job (from another thread): its write_batch raises."""
+        self._session.sparkContext.cancelAllJobs()
+
     def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
         """Write every table of batch `batch_id`; return the rows written per table.
 

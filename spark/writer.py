@@ -6,18 +6,24 @@ of up to `batch_max_rows` messages or `batch_max_seconds` of waiting. Each batch
 2. the job overwrites exactly the batch's partitions (dynamic mode), so a replay never appends,
 3. only then the ledger marks it committed and drops the payloads (`commit_batch`).
 A crash before 1 re-packs the rows; between 1 and 3 the recovery replays the same batch.
+
+A failed job is retried, same id and rows, after a backoff on the clock, for as long as it takes:
+its rows are durable in the ledger and must not be dropped because Spark is unwell. A job still
+running `processing_timeout` after it started is cancelled and retried the same way. While a batch
+waits for its retry, new packs wait behind it, which keeps batches in order.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
 import pykka
 
+from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.crashpoints import crash_point, crash_soon
 from actors.pack import Pack, PackSealed
@@ -31,7 +37,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class ReplayBatch:
-    """A batch begun by an earlier run and not committed: write it again, same id, same rows."""
+    """A batch begun and not committed: write it again, same id, same rows (after a crash, or
+    when a write failed)."""
 
     batch_id: int
     records: tuple[LedgerRecord, ...]
@@ -40,6 +47,11 @@ class ReplayBatch:
 @dataclass(frozen=True, slots=True)
 class _Deadline:
     generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    pass
 
 
 @dataclass(frozen=True)
@@ -62,8 +74,11 @@ class SparkWriterActor(pykka.ThreadingActor):
         *,
         batch_max_rows: int = 20_000,
         batch_max_seconds: float = 2.0,
+        processing_timeout: float = 20.0,
         on_batch: Callable[[BatchWritten], None] | None = None,
         idempotency_key: str = "payload_hash",
+        table_writer: Callable[[object, Path | str], TableWriter] = TableWriter,
+        retry_backoff: Backoff | None = None,
     ) -> None:
         super().__init__()
         self._ledger = ledger
@@ -73,17 +88,24 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._session_closer = session_closer
         self._batch_max_rows = batch_max_rows
         self._batch_max_seconds = batch_max_seconds
+        self._processing_timeout = processing_timeout
         self._on_batch = on_batch
         self._read_key = READ_KEYS[idempotency_key]
         # Payload-hash ids are unique per stored message already; field ids need claims.
         self._claim_reads = idempotency_key != "payload_hash"
+        self._table_writer = table_writer
+        self._retry_backoff = retry_backoff or Backoff(1.0, 60.0, 0.25)
         self._pending: list[Pack] = []
         self._pending_messages = 0
-        self._timer: TimerHandle | None = None
+        self._deadline_timer: TimerHandle | None = None
         self._generation = 0
+        self._failed: ReplayBatch | None = None  # waiting for its retry
         self._session = None
         self._tables: TableWriter | None = None
         self.last_batch: BatchWritten | None = None
+        self.failures = 0
+
+    # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
         if isinstance(self._tables_dir, Path):
@@ -91,11 +113,17 @@ class SparkWriterActor(pykka.ThreadingActor):
             if removed:
                 log.info("removed %d leftover(s) of interrupted Spark jobs", len(removed))
         self._session = self._session_factory()
-        self._tables = TableWriter(self._session, self._tables_dir)
+        self._tables = self._table_writer(self._session, self._tables_dir)
         log.info("spark writer ready: tables in %s", self._tables_dir)
 
     def on_stop(self) -> None:
-        self._flush()
+        if self._failed is None:
+            self._flush()
+        else:
+            log.warning(
+                "stopping with batch %d unwritten; the next start replays it",
+                self._failed.batch_id,
+            )
         self._close_session()
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
@@ -106,45 +134,120 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._session_closer(self._session)
         self._session = None
 
+    # -- messages ---------------------------------------------------------------------------
+
     def on_receive(self, message: object) -> None:
         if isinstance(message, PackSealed):
             self._pending.append(message.pack)
             self._pending_messages += len(message.pack.records)
             if self._pending_messages >= self._batch_max_rows:
                 self._flush()
-            elif self._timer is None:
+            elif self._deadline_timer is None:
                 self._generation += 1
                 generation = self._generation
-                self._timer = self._clock.call_later(
-                    self._batch_max_seconds, lambda: self._deadline(generation)
+                self._deadline_timer = self._clock.call_later(
+                    self._batch_max_seconds, lambda: self._tell(_Deadline(generation))
                 )
         elif isinstance(message, _Deadline):
             if message.generation == self._generation:
-                self._timer = None
+                self._deadline_timer = None
                 self._flush()
         elif isinstance(message, ReplayBatch):
             log.info("replaying batch %d (%d messages)", message.batch_id, len(message.records))
-            self._write(message.batch_id, message.records)
+            self._write(message)
+        elif isinstance(message, _Retry):
+            failed, self._failed = self._failed, None
+            if failed is not None:
+                log.info("retrying batch %d (attempt %d)", failed.batch_id, self.failures + 1)
+                self._write(failed)
+            if self._failed is None:
+                self._flush()
         else:
             log.warning("spark writer ignored %r", message)
 
-    def _deadline(self, generation: int) -> None:
+    def _tell(self, message: object) -> None:
         try:
-            self.actor_ref.tell(_Deadline(generation))
+            self.actor_ref.tell(message)
         except pykka.ActorDeadError:
             pass
 
     def _flush(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
         self._generation += 1
-        if not self._pending:
+        if not self._pending or self._failed is not None:
             return
         packs, self._pending, self._pending_messages = self._pending, [], 0
         batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get()
         crash_point("after_batch_begin_before_job")
-        self._write(batch_id, tuple(r for p in packs for r in p.records))
+        self._write(ReplayBatch(batch_id, tuple(r for p in packs for r in p.records)))
+
+    # -- one batch --------------------------------------------------------------------------
+
+    def _write(self, batch: ReplayBatch) -> None:
+        assert self._tables is not None
+        batch_id, records = batch.batch_id, batch.records
+        started = self._clock.monotonic()
+        tables = build_batch(records, batch_id, read_key=self._read_key)
+        reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
+        watchdog = self._clock.call_later(
+            self._processing_timeout, lambda: self._cancel_stuck(batch_id)
+        )
+        mid_job = crash_soon("mid_spark_job")
+        try:
+            written = self._tables.write_batch(
+                batch_id, {READS: reads, DEAD_LETTERS: tables.dead_letters}
+            )
+        except Exception as error:  # Spark and py4j raise many kinds; every one is retried
+            self._schedule_retry(batch, error)
+            return
+        finally:
+            watchdog.cancel()
+            if mid_job is not None:
+                mid_job.cancel()
+        crash_point("after_spark_job_before_mark")
+        rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
+        self._ledger.commit_batch(batch_id, rows, dead).get()
+        self.failures = 0
+        self._retry_backoff.reset()
+        result = BatchWritten(batch_id, len(records), rows, dead, self._clock.monotonic() - started)
+        self.last_batch = result
+        log.info(
+            "batch %d written: %d messages -> %d rows, %d dead letters in %.2f s",
+            batch_id,
+            result.messages,
+            rows,
+            dead,
+            result.seconds,
+        )
+        if self._on_batch is not None:
+            self._on_batch(result)
+
+    def _cancel_stuck(self, batch_id: int) -> None:
+        """Clock thread: the job outlived the processing timeout."""
+        log.error(
+            "batch %d not written within %.0f s: cancelling its Spark job",
+            batch_id,
+            self._processing_timeout,
+        )
+        if self._tables is not None:
+            self._tables.cancel()
+
+    def _schedule_retry(self, batch: ReplayBatch, error: Exception) -> None:
+        self.failures += 1
+        self._failed = batch
+        delay = self._retry_backoff.next_delay()
+        log.error(
+            "batch %d: Spark write failed (attempt %d): %s; retrying in %.1f s "
+            "(its %d messages stay in the ledger)",
+            batch.batch_id,
+            self.failures,
+            str(error).splitlines()[0] if str(error) else type(error).__name__,
+            delay,
+            len(batch.records),
+        )
+        self._clock.call_later(delay, lambda: self._tell(_Retry()))
 
     def _owned_reads(self, batch_id: int, reads: pa.Table) -> pa.Table:
         """Keep the reads whose id this batch owns, each once (first occurrence)."""
@@ -162,30 +265,3 @@ class SparkWriterActor(pykka.ThreadingActor):
             )
             return reads.filter(pa.array(keep))
         return reads
-
-    def _write(self, batch_id: int, records: Sequence[LedgerRecord]) -> None:
-        assert self._tables is not None
-        started = self._clock.monotonic()
-        tables = build_batch(records, batch_id, read_key=self._read_key)
-        reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
-        mid_job = crash_soon("mid_spark_job")
-        written = self._tables.write_batch(
-            batch_id, {READS: reads, DEAD_LETTERS: tables.dead_letters}
-        )
-        if mid_job is not None:
-            mid_job.cancel()
-        crash_point("after_spark_job_before_mark")
-        rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
-        self._ledger.commit_batch(batch_id, rows, dead).get()
-        result = BatchWritten(batch_id, len(records), rows, dead, self._clock.monotonic() - started)
-        self.last_batch = result
-        log.info(
-            "batch %d written: %d messages -> %d rows, %d dead letters in %.2f s",
-            batch_id,
-            result.messages,
-            rows,
-            dead,
-            result.seconds,
-        )
-        if self._on_batch is not None:
-            self._on_batch(result)

@@ -148,3 +148,73 @@ def test_an_unreachable_broker_at_start_is_retried_not_fatal(mosquitto, actors):
     mosquitto.start()
     clock.advance(clock.next_due_in())
     assert ledger.wait_sessions(1).session_present is False
+
+
+class SilentLedger(InstantLedger):
+    """Stores nothing and acks nothing: what the broker keeps in flight is all that arrives."""
+
+    def tell(self, message):
+        with self.cond:
+            if isinstance(message, SessionStarted):
+                self.sessions.append(message)
+            elif isinstance(message.packet, InboundPublish):
+                self.publishes.append(message.packet)
+            self.cond.notify_all()
+
+
+def test_the_broker_keeps_no_more_than_our_receive_maximum_in_flight(mosquitto, actors):
+    ledger = SilentLedger()
+    actors(settings(mosquitto, qos=1, receive_maximum=50), SimulatedClock(), ledger)
+    ledger.wait_sessions(1)
+    assert mosquitto.wait_for_output("fxgate-test-gw1 1 $share/fxgate-test/zebra/fx/+/reads", 10)
+    publish_all(mosquitto.host, mosquitto.port, [(TOPIC, b"m%d" % i) for i in range(300)], qos=1)
+    ledger.wait_payloads(50)
+    # A marker published after the 300 proves the broker had every one of them, yet without
+    # acks it sends nothing beyond the window: the marker must not arrive either.
+    publish_all(mosquitto.host, mosquitto.port, [(TOPIC, b"marker")], qos=1)
+    with ledger.cond:
+        assert not ledger.cond.wait_for(lambda: len(ledger.publishes) > 50, 1.0)
+    assert len(ledger.publishes) == 50
+
+
+def test_a_long_outage_keeps_retrying_at_the_capped_delay(mosquitto, actors):
+    clock = SimulatedClock()
+    ledger = InstantLedger()
+    backoff = Backoff(1.0, 120.0, 0.25)
+    actor = actors(settings(mosquitto), clock, ledger, backoff=backoff)
+    ledger.wait_sessions(1)
+    mosquitto.stop()
+    waited = 0.0
+    delays = []
+    while waited < 6 * 3600:  # six hours of simulated outage
+        assert clock.wait_for_timers(1)
+        delay = clock.next_due_in()
+        delays.append(delay)
+        waited += delay
+        clock.advance(delay)
+        actor.proxy().state().get(timeout=5)  # the failed attempt is handled
+    assert max(delays) <= 120.0
+    assert all(90.0 <= d <= 120.0 for d in delays[8:])
+    assert len(delays) > 180
+    mosquitto.start()
+    assert clock.wait_for_timers(1)
+    clock.advance(clock.next_due_in())
+    assert ledger.wait_sessions(2).session_present is True
+
+
+def test_after_the_session_expired_on_the_broker_the_gateway_starts_a_new_one(mosquitto, actors):
+    ledger = InstantLedger()
+    first = actors(settings(mosquitto, session_expiry_seconds=1), SimulatedClock(), ledger)
+    ledger.wait_sessions(1)
+    first.stop()
+    assert mosquitto.wait_for_output("Expiring client fxgate-test-gw1 due to timeout", 15)
+
+    returned = InstantLedger()
+    mark = mosquitto.line_count()
+    actors(settings(mosquitto, session_expiry_seconds=1), SimulatedClock(), returned)
+    # session_present=False is what makes the ledger forget stale QoS 2 packet ids; the new
+    # session gets its subscription again.
+    assert returned.wait_sessions(1).session_present is False
+    assert mosquitto.wait_for_output(
+        "fxgate-test-gw1 2 $share/fxgate-test/zebra/fx/+/reads", 10, start=mark
+    )

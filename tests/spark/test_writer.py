@@ -1,0 +1,187 @@
+"""SparkWriterActor on the simulated clock, with a real ledger and a scripted table writer."""
+
+import dataclasses
+import sqlite3
+import threading
+
+import pytest
+
+from actors.backoff import Backoff
+from actors.clock import SimulatedClock
+from actors.mqtt_client import AckSender, InboundPublish
+from actors.pack import Pack, PackSealed
+from persistence.inbound_ledger import Inbound, InboundLedger
+from spark.writer import SparkWriterActor
+
+PAYLOAD = (
+    b'{"data": {"idHex": "e2801160600002054cc2096f", "eventNum": %d}, '
+    b'"timestamp": "2026-11-21T10:00:00.000+0000"}'
+)
+
+
+class NoAcks(AckSender):
+    def send_ack(self, epoch, kind, packet_id):
+        return True
+
+
+class ScriptedTables:
+    """Stands in for spark.tables.TableWriter: fails, blocks or succeeds as told."""
+
+    def __init__(self, script):
+        self.script = list(script)  # "fail" | "block" | "ok", one per write
+        self.calls = []
+        self.cancelled = threading.Event()
+        self.cond = threading.Condition()
+
+    def __call__(self, _session, _tables_dir):
+        return self
+
+    def cancel(self):
+        self.cancelled.set()
+
+    def write_batch(self, batch_id, tables):
+        step = self.script.pop(0) if self.script else "ok"
+        with self.cond:
+            self.calls.append((batch_id, tables["reads"].num_rows, step))
+            self.cond.notify_all()
+        if step == "fail":
+            raise RuntimeError("Py4JJavaError: disk on fire")
+        if step == "block":
+            assert self.cancelled.wait(30), "never cancelled"
+            raise RuntimeError("Job cancelled")
+        return {name: table.num_rows for name, table in tables.items()}
+
+    def wait_calls(self, count, timeout=10):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.calls) >= count, timeout), self.calls
+            return list(self.calls)
+
+
+@pytest.fixture
+def clock():
+    return SimulatedClock()
+
+
+@pytest.fixture
+def ledger(tmp_path, clock):
+    ref = InboundLedger.start(tmp_path / "ledger.sqlite", clock, group_commit_max_delay=0.0)
+    yield ref
+    if ref.is_alive():
+        ref.stop()
+
+
+def stored_pack(ledger, count):
+    """Store `count` messages in the ledger and return them as one sealed pack."""
+
+    class Collect:
+        def __init__(self):
+            self.records = []
+            self.done = threading.Event()
+
+        def tell(self, message):
+            self.records.extend(message.records)
+            if len(self.records) >= count:
+                self.done.set()
+
+    collect = Collect()
+    ledger.proxy().set_listener(collect).get(timeout=5)
+    for n in range(count):
+        publish = InboundPublish(
+            1, n + 1, 1, False, False, "zebra/fx/r1/reads", True, PAYLOAD % n, None, 0.0
+        )
+        ledger.tell(Inbound(publish, NoAcks()))
+    assert collect.done.wait(5)
+    return Pack(1, tuple(dataclasses.replace(r, pack_id=1) for r in collect.records))
+
+
+def batch_states(tmp_path):
+    with sqlite3.connect(tmp_path / "ledger.sqlite") as conn:
+        return conn.execute("SELECT batch_id, state FROM batches").fetchall()
+
+
+def start_writer(ledger, clock, tables, retry_backoff=None, **options):
+    return SparkWriterActor.start(
+        ledger.proxy(),
+        clock,
+        "unused",
+        object,
+        None,
+        table_writer=tables,
+        batch_max_seconds=1.0,
+        processing_timeout=20.0,
+        retry_backoff=retry_backoff or Backoff(1.0, 60.0, 0.25),
+        **options,
+    )
+
+
+def test_a_failed_spark_write_is_retried_on_the_backoff_and_lands_once(ledger, clock, tmp_path):
+    tables = ScriptedTables(["fail", "fail", "ok"])
+    writer = start_writer(ledger, clock, tables)
+    try:
+        writer.tell(PackSealed(stored_pack(ledger, 5)))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)  # the batch deadline
+        tables.wait_calls(1)
+        for attempt, (low, high) in enumerate([(0.75, 1.25), (1.5, 2.5)]):
+            # The failed write is handled (its watchdog cancelled) once the mailbox answers.
+            assert writer.proxy().failures.get(timeout=5) == attempt + 1
+            assert clock.pending() == 1
+            assert low <= clock.next_due_in() <= high, attempt
+            assert batch_states(tmp_path) == [(1, "writing")]
+            clock.advance(clock.next_due_in())
+            tables.wait_calls(attempt + 2)
+        writer.proxy().failures.get(timeout=5)
+        assert [(b, rows) for b, rows, _ in tables.calls] == [(1, 5)] * 3
+        assert batch_states(tmp_path) == [(1, "committed")]
+        assert ledger.proxy().stats().get(timeout=5)["pending"] == 0
+    finally:
+        writer.stop()
+
+
+def test_a_spark_job_stuck_past_the_processing_timeout_is_cancelled_and_retried(
+    ledger, clock, tmp_path
+):
+    tables = ScriptedTables(["block", "ok"])
+    writer = start_writer(ledger, clock, tables)
+    try:
+        writer.tell(PackSealed(stored_pack(ledger, 3)))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)
+        tables.wait_calls(1)
+        assert clock.wait_for_timers(1)  # the watchdog
+        clock.advance(19.9)
+        assert not tables.cancelled.is_set()
+        clock.advance(0.1)
+        assert tables.cancelled.is_set()
+        assert clock.wait_for_timers(1)  # the retry
+        clock.advance(clock.next_due_in())
+        assert [step for _, _, step in tables.wait_calls(2)] == ["block", "ok"]
+        writer.proxy().failures.get(timeout=5)
+        assert batch_states(tmp_path) == [(1, "committed")]
+    finally:
+        writer.stop()
+
+
+def test_new_packs_wait_behind_a_failed_batch_and_follow_it_in_order(ledger, clock, tmp_path):
+    tables = ScriptedTables(["fail", "ok", "ok"])
+    writer = start_writer(ledger, clock, tables, retry_backoff=Backoff(5.0, 60.0, 0.0))
+    try:
+        pack = stored_pack(ledger, 4)
+        first = Pack(1, pack.records[:2])
+        second = Pack(2, pack.records[2:])
+        writer.tell(PackSealed(first))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)
+        tables.wait_calls(1)
+        writer.tell(PackSealed(second))
+        assert clock.wait_for_timers(2)  # the retry and the second deadline
+        clock.advance(1.0)  # the deadline passes while batch 1 still waits: nothing new starts
+        writer.proxy().failures.get(timeout=5)
+        assert len(tables.calls) == 1
+        clock.advance(5.0)
+        calls = tables.wait_calls(3)
+        assert [(b, rows) for b, rows, _ in calls] == [(1, 2), (1, 2), (2, 2)]
+        writer.proxy().failures.get(timeout=5)
+        assert batch_states(tmp_path) == [(1, "committed"), (2, "committed")]
+    finally:
+        writer.stop()
