@@ -218,3 +218,40 @@ def test_after_the_session_expired_on_the_broker_the_gateway_starts_a_new_one(mo
     assert mosquitto.wait_for_output(
         "fxgate-test-gw1 2 $share/fxgate-test/zebra/fx/+/reads", 10, start=mark
     )
+
+
+@pytest.fixture
+def proxy(mosquitto):
+    from tests.harness.proxy import FaultProxy
+
+    with FaultProxy(mosquitto.host, mosquitto.port) as fault_proxy:
+        yield fault_proxy
+
+
+def test_a_half_open_connection_is_noticed_by_keepalive_and_replaced(mosquitto, proxy, actors):
+    clock = SimulatedClock()
+    ledger = InstantLedger()
+    actor = actors(settings(mosquitto, port=proxy.port, keepalive_seconds=1), clock, ledger)
+    ledger.wait_sessions(1)
+    proxy.half_open()
+    # paho's keep-alive (real time) finds no PINGRESP and drops the socket; our backoff follows.
+    assert clock.wait_for_timers(1, timeout=15)
+    assert actor.proxy().state().get(timeout=5).state == "waiting"
+    proxy.resume()
+    clock.advance(clock.next_due_in())
+    assert ledger.wait_sessions(2).session_present is True
+    publish_all(mosquitto.host, mosquitto.port, [(TOPIC, b"after")], qos=2)
+    assert ledger.wait_payloads(1) == [b"after"]
+
+
+def test_reads_held_by_a_stalled_link_arrive_once_when_it_resumes(mosquitto, proxy, actors):
+    ledger = InstantLedger()
+    actors(settings(mosquitto, port=proxy.port), SimulatedClock(), ledger)
+    ledger.wait_sessions(1)
+    assert mosquitto.wait_for_output("fxgate-test-gw1 2 $share/fxgate-test/zebra/fx/+/reads", 10)
+    proxy.stall()
+    publish_all(mosquitto.host, mosquitto.port, [(TOPIC, b"s%d" % i) for i in range(30)], qos=2)
+    assert ledger.publishes == []
+    proxy.resume()
+    assert ledger.wait_payloads(30) == sorted(b"s%d" % i for i in range(30))
+    assert len(ledger.publishes) == 30

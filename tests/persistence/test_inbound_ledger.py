@@ -310,3 +310,12 @@ def test_read_claims_give_each_read_id_to_one_batch_and_the_same_answer_on_repla
     assert proxy.claim_reads(2, ["b", "c"]).get(timeout=5) == {"c"}
     # A replay of batch 1 after a crash owns exactly what it owned the first time.
     assert proxy.claim_reads(1, ["a", "b"]).get(timeout=5) == {"a", "b"}
+
+
+def test_a_dup0_publish_reusing_a_qos1_packet_id_is_a_new_message(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(3, b"first"), acks))
+    ledger.tell(Inbound(publish(3, b"second", dup=False), acks))
+    assert acks.wait_for(2) == [(AckKind.PUBACK, 3), (AckKind.PUBACK, 3)]
+    assert [r[2] for r in rows(db_path)] == [b"first", b"second"]
