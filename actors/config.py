@@ -167,6 +167,10 @@ class GatewayConfig(_Section):
     # process: SQLite WAL + synchronous=NORMAL survives kill -9; power: synchronous=FULL (§3.7).
     durability: Literal["process", "power"] = "process"
     log_level: Annotated[str, AfterValidator(_log_level)] = "INFO"
+    # A crashed actor restarts the actor set (the ledger's recovery makes that safe), at most
+    # max_restarts times within restart_window_seconds; past that the daemon exits 1.
+    max_restarts: int = Field(3, ge=0)
+    restart_window_seconds: float = Field(300.0, gt=0)
 
     @property
     def data_path(self) -> Path:

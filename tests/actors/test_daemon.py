@@ -89,3 +89,91 @@ def test_sigterm_flushes_every_read_into_the_table_exits_0_and_leaves_no_process
     assert "daemon:     not running" in after.stdout
     assert "reads 300 rows" in after.stdout
     assert "0 message(s) not yet in the table" in after.stdout
+
+
+def test_the_restart_budget_allows_n_restarts_per_window_on_the_clock():
+    from actors.clock import SimulatedClock
+    from actors.daemon import RestartBudget
+
+    clock = SimulatedClock(start_monotonic=0.0)
+    budget = RestartBudget(limit=2, window=60.0)
+    assert budget.allow(clock.monotonic())
+    clock.advance(10)
+    assert budget.allow(clock.monotonic())
+    clock.advance(10)
+    assert not budget.allow(clock.monotonic())
+    clock.advance(40)  # the first restart left the window
+    assert budget.allow(clock.monotonic())
+
+
+@pytest.fixture
+def gateway_runner(mosquitto, spark_session, tmp_path):
+    import threading
+
+    from actors.clock import RealClock
+    from actors.config import load_config
+    from actors.daemon import Gateway
+
+    runs = []
+
+    def start(**overrides):
+        environ = {
+            "FXGATE__SOURCE__PORT": str(mosquitto.port),
+            "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+            "FXGATE__PACKS__LINGER_SECONDS": "0.2",
+            "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+            **overrides,
+        }
+        config = load_config(None, environ=environ, hostname="gw-test")
+        clock = RealClock()
+        gateway = Gateway(config, clock, session_factory=lambda: spark_session)
+        result = {}
+        thread = threading.Thread(target=lambda: result.setdefault("code", gateway.run()))
+        thread.start()
+        runs.append((gateway, thread, clock))
+        return gateway, thread, result
+
+    yield start
+    for gateway, thread, clock in runs:
+        gateway.request_stop()
+        thread.join(120)
+        clock.close()
+
+
+def crash(supervisor, name="packs"):
+    """Kill an actor the way a bug would: an exception inside a `tell`."""
+    from persistence.inbound_ledger import Committed, Inbound
+
+    bad = {"packs": Committed(records=None), "ledger": Inbound(packet=None, acks=None)}
+    supervisor.ref(name).tell(bad[name])
+
+
+@pytest.mark.spark
+def test_a_crashed_actor_restarts_the_actors_and_reads_keep_landing(
+    gateway_runner, mosquitto, caplog
+):
+    gateway, thread, result = gateway_runner()
+    first = gateway.wait_started(1, 60)
+    assert mosquitto.wait_for_output("fxgate-local-gw-test-gw-test 2 zebra/fx/+/reads", 15)
+    crash(first)
+    second = gateway.wait_started(2, 60)
+    assert second is not None and second is not first
+    assert gateway.restarts == 1
+    assert "actor packs died" in caplog.text
+    sent = simulate(mosquitto.host, mosquitto.port, readers=1, rate=0, count=100, qos=1)
+    assert second.wait_for_landed(100, timeout=60)
+    assert len(sent.published) == 100
+    gateway.request_stop()
+    thread.join(120)
+    assert result["code"] == 0
+
+
+@pytest.mark.spark
+def test_one_crash_more_than_the_budget_stops_the_daemon_with_status_1(gateway_runner, caplog):
+    gateway, thread, result = gateway_runner(FXGATE__GATEWAY__MAX_RESTARTS="1")
+    crash(gateway.wait_started(1, 60))
+    crash(gateway.wait_started(2, 60), name="ledger")
+    thread.join(120)
+    assert result["code"] == 1
+    assert "actor ledger died" in caplog.text
+    assert "giving up" in caplog.text
