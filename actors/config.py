@@ -10,8 +10,13 @@ Sources, lowest precedence first: schema defaults (which `configs/gateway.toml` 
 TOML file, then `FXGATE__SECTION__KEY` variables. `MQTT_ENVIRONMENT_ID` only feeds the
 environment-id rule in `actors.identity`.
 
-Secrets never live in the model: `source.password_env` holds the *name* of a variable, read by
-`SourceConfig.password()` at connect time.
+Forwarding is optional: an `[upstream]` section and at least one `[[routes]]` entry turn it on
+together (either one alone is an error). `Config.routes` holds the routes in effect as
+`actors.routes.Route` values; `Config.warnings()` lists what loads but deserves an operator's eye,
+such as a route whose `persist = false` lowers its QoS to 0 (the caller logs them).
+
+Secrets never live in the model: `source.password_env` and `upstream.password_env` hold the *name*
+of a variable, read by `password()` at connect time.
 """
 
 from __future__ import annotations
@@ -42,6 +47,14 @@ from pydantic import (
 from pydantic_core import ErrorDetails
 
 from actors.identity import Identity, IdentityError, resolve_identity
+from actors.routes import (
+    DEFAULT_TARGET,
+    Route,
+    check_target,
+    check_topic_filter,
+    render_target,
+    topic_matches,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -112,22 +125,18 @@ def _memory_size(value: str) -> str:
 
 
 def _topic_filter(value: str) -> str:
-    """MQTT 5 §4.7: wildcards take a whole level, '#' only the last one; no NUL; ≤ 65535 bytes."""
-    if not value:
-        raise ValueError("a topic filter must not be empty")
-    if "\x00" in value or len(value.encode("utf-8")) > 65535:
-        raise ValueError(f"{value!r} is not a valid MQTT topic filter")
     if value.startswith("$share/"):
         raise ValueError(
             f"{value!r}: give the plain filter; shared_subscription_group adds the $share prefix"
         )
-    levels = value.split("/")
-    for index, level in enumerate(levels):
-        if "#" in level and (level != "#" or index != len(levels) - 1):
-            raise ValueError(f"{value!r}: '#' must be a whole level and the last one")
-        if "+" in level and level != "+":
-            raise ValueError(f"{value!r}: '+' must be a whole level")
-    return value
+    return check_topic_filter(value)
+
+
+def _route_filter(value: str) -> str:
+    if value.startswith("$share/"):
+        # A route is matched against the topic a message arrived on, which never has the prefix.
+        raise ValueError(f"{value!r}: give the plain filter; message topics never start $share/")
+    return check_topic_filter(value)
 
 
 def _spark_conf_value(value: Any) -> Any:
@@ -144,6 +153,9 @@ def _non_empty_key(conf: dict[str, Any]) -> dict[str, Any]:
 
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 TopicFilter = Annotated[str, AfterValidator(_topic_filter)]
+RouteFilter = Annotated[str, AfterValidator(_route_filter)]
+ClientIdPart = Annotated[str, AfterValidator(_client_id_part)]
+EnvVarName = Annotated[str, AfterValidator(_env_var_name)]
 
 
 def _list_as_tuple(value: Any) -> Any:
@@ -182,14 +194,34 @@ class GatewayConfig(_Section):
         return self.data_path / LEDGER_FILE_NAME
 
 
-class SourceConfig(_Section):
+class _BrokerSection(_Section):
+    """What every broker connection section shares beyond its fields, which each section
+    declares itself so that its keys read top to bottom in one place."""
+
+    @field_validator("reconnect_max_delay_seconds", check_fields=False)
+    @classmethod
+    def _max_not_below_min(cls, value: float, info: ValidationInfo) -> float:
+        minimum = info.data.get("reconnect_min_delay_seconds")
+        if minimum is not None and value < minimum:
+            raise ValueError(f"must be >= reconnect_min_delay_seconds ({minimum}), got {value}")
+        return value
+
+    def password(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The password, read from the named variable at connect time; None when there is none."""
+        password_env: str | None = getattr(self, "password_env", None)
+        if password_env is None:
+            return None
+        return (os.environ if environ is None else environ).get(password_env)
+
+
+class SourceConfig(_BrokerSection):
     host: NonEmptyStr = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535)
     username: str | None = None
-    password_env: Annotated[str, AfterValidator(_env_var_name)] | None = None
-    client_id: Annotated[str, AfterValidator(_client_id_part)] = "fxgate"
+    password_env: EnvVarName | None = None
+    client_id: ClientIdPart = "fxgate"
     environment_id: str | None = None  # checked by actors.identity, which knows the rule
-    instance_id: Annotated[str, AfterValidator(_client_id_part)] | None = None
+    instance_id: ClientIdPart | None = None
     append_unique_id: bool = False
     # Plain subscription by default: mosquitto 2.0.11 does not restore a shared subscription
     # from persistence after a restart, so reads published before we re-subscribe are dropped
@@ -209,19 +241,65 @@ class SourceConfig(_Section):
     # MQTT §3.1.2.10: a two-byte integer; 0 turns keep-alive off.
     keepalive_seconds: int = Field(30, ge=0, le=65535)
 
-    @field_validator("reconnect_max_delay_seconds")
-    @classmethod
-    def _max_not_below_min(cls, value: float, info: ValidationInfo) -> float:
-        minimum = info.data.get("reconnect_min_delay_seconds")
-        if minimum is not None and value < minimum:
-            raise ValueError(f"must be >= reconnect_min_delay_seconds ({minimum}), got {value}")
-        return value
 
-    def password(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The password, read from the named variable at connect time; None when there is none."""
-        if self.password_env is None:
-            return None
-        return (os.environ if environ is None else environ).get(self.password_env)
+class UpstreamConfig(_BrokerSection):
+    """The broker reads are forwarded to. The section is optional: without it nothing is
+    forwarded. Its environment id is the gateway's (`source.environment_id` or the variable)."""
+
+    enabled: bool = True
+    # No default: a forgotten host must not quietly forward into the local (source) broker.
+    host: NonEmptyStr
+    port: int = Field(1883, ge=1, le=65535)
+    username: str | None = None
+    password_env: EnvVarName | None = None
+    client_id: ClientIdPart = "fxgate-upstream"
+    instance_id: ClientIdPart | None = None  # unset: source.instance_id, then the host name
+    append_unique_id: bool = False
+    # false keeps the session, and with it the packet ids of QoS 2 messages in flight (§3.2).
+    clean_session: bool = False
+    session_expiry_interval_seconds: int = Field(3600, ge=0, le=0xFFFFFFFF)
+    keepalive_seconds: int = Field(30, ge=0, le=65535)
+    auto_reconnect: bool = True
+    reconnect_min_delay_seconds: float = Field(1.0, gt=0)
+    reconnect_max_delay_seconds: float = Field(120.0, gt=0)
+    reconnect_jitter: float = Field(0.25, ge=0, le=1)
+    # Messages handed to paho at once; the broker's Receive Maximum caps it further. paho's
+    # in-flight scan is quadratic: 1000 was slower than 20 (§4).
+    window: int = Field(20, ge=1, le=65535)
+
+
+class RouteConfig(_Section):
+    """One `[[routes]]` entry, as written; `Config.routes` holds them as `Route` values."""
+
+    source: RouteFilter
+    target: Annotated[str, AfterValidator(check_target)] = DEFAULT_TARGET
+    qos: int = Field(1, ge=0, le=2)
+    # false: the message is not kept across restarts, so QoS 1/2 cannot be honoured upstream
+    # and the route forwards at QoS 0 (a warning says so, as HiveMQ Edge does).
+    persist: bool = True
+
+
+class BufferConfig(_Section):
+    """Tier 2: the bounded in-memory buffer between the durable tier-1 queue and the upstream
+    connection (§3.4). Past the high watermark of either cap, intake from tier 1 stops; it
+    resumes below the low watermark of both."""
+
+    max_messages: int = Field(10000, ge=1)
+    max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
+    high_watermark: float = Field(0.8, gt=0, le=1)
+    low_watermark: float = Field(0.5, gt=0, lt=1)
+    # What happens to a QoS 0 message at a full cap; QoS 1/2 are never dropped, they wait in tier 1.
+    overflow: Literal["drop_oldest", "drop_new"] = "drop_oldest"
+    # true: QoS 0 messages also go through the durable tier 1 (slower, survives restarts).
+    persist_qos0: bool = False
+
+    @field_validator("low_watermark")
+    @classmethod
+    def _low_below_high(cls, value: float, info: ValidationInfo) -> float:
+        high = info.data.get("high_watermark")
+        if high is not None and value >= high:
+            raise ValueError(f"must be below high_watermark ({high}), got {value}")
+        return value
 
 
 class LedgerConfig(_Section):
@@ -246,10 +324,21 @@ class SparkConfig(_Section):
     # One Spark job costs ~0.1 s fixed, so rows are flushed tens of packs at a time (§4).
     batch_max_rows: int = Field(20000, ge=1)
     batch_max_seconds: float = Field(2.0, gt=0)
+    # Backpressure from the writer: above high rows waiting, intake pauses; below low, it resumes.
+    backlog_high_messages: int = Field(100000, ge=1)
+    backlog_low_messages: int = Field(50000, ge=0)
     driver_memory: Annotated[str, AfterValidator(_memory_size)] = "512m"
     conf: Annotated[dict[str, SparkConfValue], AfterValidator(_non_empty_key)] = Field(
         default_factory=dict
     )
+
+    @field_validator("backlog_low_messages")
+    @classmethod
+    def _low_below_high(cls, value: int, info: ValidationInfo) -> int:
+        high = info.data.get("backlog_high_messages")
+        if high is not None and value >= high:
+            raise ValueError(f"must be below backlog_high_messages ({high}), got {value}")
+        return value
 
     def tables_path(self, data_path: Path) -> Path:
         """Where the tables live: `tables_dir` (relative to the working directory) or
@@ -268,10 +357,16 @@ class SparkConfig(_Section):
 SECTIONS: dict[str, type[_Section]] = {
     "gateway": GatewayConfig,
     "source": SourceConfig,
+    "upstream": UpstreamConfig,
     "ledger": LedgerConfig,
     "packs": PacksConfig,
+    "buffer": BufferConfig,
     "spark": SparkConfig,
 }
+# Sections that are absent unless written (no defaults are filled in for them).
+OPTIONAL_SECTIONS = frozenset({"upstream"})
+# Arrays of tables ([[name]]), each entry validated by its model.
+ARRAYS: dict[str, type[_Section]] = {"routes": RouteConfig}
 
 
 class Config(BaseModel):
@@ -283,8 +378,18 @@ class Config(BaseModel):
     source: SourceConfig
     ledger: LedgerConfig
     packs: PacksConfig
+    buffer: BufferConfig
     spark: SparkConfig
+    # The section as written; None when the file has none. `forwarding` says whether it is used.
+    upstream: UpstreamConfig | None
+    # The routes in effect, in config order: empty unless `forwarding`, so that `route_for`
+    # never sends a read towards an upstream connection that does not exist.
+    routes: tuple[Route, ...]
     identity: Identity
+
+    @property
+    def forwarding(self) -> bool:
+        return self.upstream is not None and self.upstream.enabled
 
     @property
     def ledger_path(self) -> Path:
@@ -294,35 +399,95 @@ class Config(BaseModel):
     def tables_path(self) -> Path:
         return self.spark.tables_path(self.gateway.data_path)
 
+    def warnings(self) -> list[str]:
+        """What loads but changes what an operator may expect, one line each, for the log."""
+        warnings = []
+        if self.upstream is not None and not self.upstream.enabled:
+            warnings.append(
+                "upstream.enabled = false: nothing is forwarded; "
+                "the [[routes]] entries are checked but not used"
+            )
+        for route in self.routes:
+            if route.effective_qos != route.qos:
+                warnings.append(
+                    f"routes[{route.index}]: persist = false downgrades QoS {route.qos} to "
+                    f"{route.effective_qos} (messages are not kept across restarts)"
+                )
+        if self.forwarding and self.upstream is not None and self.upstream.clean_session:
+            warnings.append(
+                "upstream.clean_session = true: the upstream session is dropped on every "
+                "connect, so QoS 1/2 messages in flight at a disconnect are sent again under new "
+                "packet ids and may arrive twice"
+            )
+        return warnings
+
     def summary_lines(self) -> list[str]:
-        """Start-up facts for the log, one per line. Holds no secret by construction: the
-        password is never read here and Spark conf is listed by key only."""
+        """Start-up facts for the log, one per line. Holds no secret by construction: passwords
+        are never read here and Spark conf is listed by key only."""
         gateway, source, spark, identity = self.gateway, self.source, self.spark, self.identity
-        host = f"[{source.host}]" if ":" in source.host else source.host
-        if source.username is None:
-            auth = "anonymous"
-        elif source.password_env is None:
-            auth = f"user {source.username!r}, no password"
-        else:
-            auth = f"user {source.username!r}, password from ${source.password_env}"
-        session = (
-            f"clean_start={'true' if source.clean_session else 'false'}, "
-            f"session expiry {source.session_expiry_interval_seconds} s, "
-            f"keep-alive {source.keepalive_seconds} s"
-        )
         conf_keys = ", ".join(sorted(spark.conf)) or "none"
-        return [
+        lines = [
             f"mode {gateway.mode}, durability {gateway.durability}, log level {gateway.log_level}",
-            f"source broker {host}:{source.port} ({auth})",
-            f"client id {identity.client_id} ({session})",
+            f"source broker {_broker(source)}",
+            f"client id {identity.client_id} ({_session(source)})",
             f"environment {identity.environment_id} (from {identity.environment_source})",
             f"subscriptions at QoS {source.qos}: {', '.join(identity.subscriptions)}",
+        ]
+        upstream = self.upstream
+        if upstream is None:
+            lines.append("upstream none: nothing is forwarded")
+        elif not upstream.enabled:
+            lines.append(f"upstream broker {_broker(upstream)} disabled: nothing is forwarded")
+        else:
+            buffer = self.buffer
+            lines += [
+                f"upstream broker {_broker(upstream)}, window {upstream.window}",
+                f"upstream client id {identity.upstream_client_id} ({_session(upstream)})",
+                *(
+                    f"routes[{route.index}] {route.source} -> {route.target} at QoS "
+                    + (
+                        f"{route.qos}"
+                        if route.persist
+                        else f"{route.effective_qos} (persist = false, asked {route.qos})"
+                    )
+                    for route in self.routes
+                ),
+                (
+                    f"tier-2 buffer {buffer.max_messages} messages / {buffer.max_bytes} bytes, "
+                    f"watermarks {buffer.high_watermark:g}/{buffer.low_watermark:g}, "
+                    f"overflow {buffer.overflow} (QoS 0 only), "
+                    f"persist_qos0 {'true' if buffer.persist_qos0 else 'false'}"
+                ),
+            ]
+        lines += [
             f"data dir {gateway.data_path} (ledger {self.ledger_path})",
             (
                 f"spark master {spark.master}, driver memory {spark.driver_memory}, "
-                f"tables {self.tables_path}, extra conf keys: {conf_keys}"
+                f"tables {self.tables_path}, backlog watermarks "
+                f"{spark.backlog_high_messages}/{spark.backlog_low_messages} rows, "
+                f"extra conf keys: {conf_keys}"
             ),
         ]
+        return lines
+
+
+def _broker(section: SourceConfig | UpstreamConfig) -> str:
+    host = f"[{section.host}]" if ":" in section.host else section.host
+    if section.username is None:
+        auth = "anonymous"
+    elif section.password_env is None:
+        auth = f"user {section.username!r}, no password"
+    else:
+        auth = f"user {section.username!r}, password from ${section.password_env}"
+    return f"{host}:{section.port} ({auth})"
+
+
+def _session(section: SourceConfig | UpstreamConfig) -> str:
+    return (
+        f"clean_start={'true' if section.clean_session else 'false'}, "
+        f"session expiry {section.session_expiry_interval_seconds} s, "
+        f"keep-alive {section.keepalive_seconds} s"
+    )
 
 
 # --- loading --------------------------------------------------------------------------------
@@ -354,30 +519,139 @@ def load_config(
         raise ConfigError(errors)
 
     for name in raw:
-        if name not in SECTIONS:
+        if name not in SECTIONS and name not in ARRAYS:
             errors.append(_unknown_section(name))
 
-    sections: dict[str, _Section] = {}
+    sections: dict[str, _Section | None] = {}
     for name, model in SECTIONS.items():
+        if name in OPTIONAL_SECTIONS and name not in raw:
+            continue
         try:
             sections[name] = model.model_validate(raw.get(name, {}))
         except ValidationError as error:
-            errors.extend(_describe(name, detail, origins) for detail in error.errors())
+            errors.extend(_describe((name,), detail, origins) for detail in error.errors())
+    route_configs, route_errors = _validate_routes(raw.get("routes", []), origins)
+    errors.extend(route_errors)
+    errors.extend(_pairing_errors(raw))
 
     gateway, source = sections.get("gateway"), sections.get("source")
+    upstream = sections.get("upstream")
+    forwarding = isinstance(upstream, UpstreamConfig) and upstream.enabled
     identity = None
     if isinstance(gateway, GatewayConfig) and isinstance(source, SourceConfig):
         try:
-            identity = resolve_identity(source, gateway.mode, environ, hostname)
+            identity = resolve_identity(
+                source,
+                gateway.mode,
+                environ,
+                hostname,
+                upstream_cfg=upstream if forwarding else None,
+            )
         except IdentityError as error:
             origin = origins.get(tuple(error.key.split(".")))
             errors.append(f"{error} (from {origin})" if origin else str(error))
         if gateway.mode == "production":
-            errors.extend(_production_errors(source, environ))
+            errors.extend(_production_errors("source", source, environ))
+            if forwarding:
+                errors.extend(_production_errors("upstream", upstream, environ))
+
+    routes: tuple[Route, ...] = ()
+    if forwarding and route_configs is not None:
+        routes = tuple(
+            Route(index, entry.source, entry.target, entry.qos, entry.persist)
+            for index, entry in enumerate(route_configs)
+        )
+        if (
+            isinstance(source, SourceConfig)
+            and isinstance(upstream, UpstreamConfig)
+            and identity is not None
+        ):
+            errors.extend(_loop_errors(source, upstream, routes, identity.environment_id))
 
     if errors or identity is None:
         raise ConfigError(errors)
-    return Config(**sections, identity=identity)
+    sections.setdefault("upstream", None)
+    return Config(**sections, routes=routes, identity=identity)
+
+
+def _validate_routes(
+    raw_routes: Any, origins: Mapping[tuple[Any, ...], str]
+) -> tuple[list[RouteConfig] | None, list[str]]:
+    """Each `[[routes]]` entry on its own, so that an error names `routes[i].key`."""
+    if not isinstance(raw_routes, list):
+        shown = "a table" if isinstance(raw_routes, dict) else _show(raw_routes)
+        return None, [f"routes: expected an array of tables ([[routes]] entries), got {shown}"]
+    entries: list[RouteConfig] = []
+    errors: list[str] = []
+    for index, entry in enumerate(raw_routes):
+        try:
+            entries.append(RouteConfig.model_validate(entry))
+        except ValidationError as error:
+            where = ("routes", index)
+            errors.extend(_describe(where, detail, origins) for detail in error.errors())
+    return (None if errors else entries), errors
+
+
+def _pairing_errors(raw: Mapping[str, Any]) -> list[str]:
+    """Forwarding needs both halves; one without the other is a mistake, not a way to turn it
+    off (that is `upstream.enabled = false`)."""
+    raw_routes = raw.get("routes")
+    has_routes = isinstance(raw_routes, list) and len(raw_routes) > 0
+    if has_routes and "upstream" not in raw:
+        count = len(raw_routes)
+        return [
+            f"routes: {count} route{'s' if count != 1 else ''} but no [upstream] section to "
+            "forward to (add [upstream] with its host, or remove the [[routes]] entries)"
+        ]
+    if "upstream" in raw and not has_routes and not isinstance(raw_routes, dict):
+        return [
+            "upstream: no [[routes]] entries, so nothing would be forwarded (add a [[routes]] "
+            "entry with its source filter, or remove [upstream])"
+        ]
+    return []
+
+
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1", "ip6-localhost"})
+_SAMPLE_LEVEL = "fxgate-sample"
+
+
+def _same_broker(source: SourceConfig, upstream: UpstreamConfig) -> bool:
+    # By name only (loading does no I/O): catches the likely mistake, not every alias of a host.
+    def name(host: str) -> str:
+        host = host.lower().rstrip(".")
+        return "loopback" if host in _LOOPBACK else host
+
+    return name(source.host) == name(upstream.host) and source.port == upstream.port
+
+
+def _loop_errors(
+    source: SourceConfig, upstream: UpstreamConfig, routes: Iterable[Route], environment_id: str
+) -> list[str]:
+    """A route that republishes, on the source broker itself, to a topic we subscribe to would
+    receive its own output again: forwarded without end. Checked on one sample topic per filter
+    (wildcards filled in), so it finds the likely mistakes ("{topic}"), not every possible one."""
+    if not _same_broker(source, upstream):
+        return []
+    errors = []
+    for route in routes:
+        for topic_filter in (route.source, *source.subscribe_topics):
+            sample = "/".join(
+                _SAMPLE_LEVEL if level in ("+", "#") else level for level in topic_filter.split("/")
+            )
+            if not topic_matches(route.source, sample) or not any(
+                topic_matches(sub, sample) for sub in source.subscribe_topics
+            ):
+                continue
+            target = render_target(route, sample, environment_id)
+            if any(topic_matches(sub, target) for sub in source.subscribe_topics):
+                errors.append(
+                    f"routes[{route.index}].target: upstream is the source broker "
+                    f"({upstream.host}:{upstream.port}) and {route.target!r} republishes "
+                    f"{sample!r} to {target!r}, which source.subscribe_topics receives again "
+                    "(a forwarding loop)"
+                )
+                break
+    return errors
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
@@ -396,19 +670,31 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError([f"{path}: invalid TOML: {error}"]) from None
 
 
-def _production_errors(source: SourceConfig, environ: Mapping[str, str]) -> list[str]:
+_UNIQUE_ID_REASONS = {
+    # mosquitto keeps queueing a shared group's share for an offline member's live session,
+    # so every restart under a new id would strand reads in the previous session.
+    "source": "a new client id on each restart strands queued reads in the previous session",
+    # The same ids re-sent after a restart only mean "the same message" within one session (§3.2).
+    "upstream": (
+        "a new client id on each restart abandons the upstream session, and with it the packet "
+        "ids of QoS 2 messages in flight"
+    ),
+}
+
+
+def _production_errors(
+    name: str, section: SourceConfig | UpstreamConfig, environ: Mapping[str, str]
+) -> list[str]:
     errors = []
-    if source.password_env is not None and source.password_env not in environ:
+    if section.password_env is not None and section.password_env not in environ:
         errors.append(
-            f"source.password_env: environment variable {source.password_env} is not set "
+            f"{name}.password_env: environment variable {section.password_env} is not set "
             "(required in production mode)"
         )
-    if source.append_unique_id:
-        # mosquitto keeps queueing a shared group's share for an offline member's live session,
-        # so every restart under a new id would strand reads in the previous session.
+    if section.append_unique_id:
         errors.append(
-            "source.append_unique_id: must be false in production mode (a new client id on "
-            "each restart strands queued reads in the previous session)"
+            f"{name}.append_unique_id: must be false in production mode "
+            f"({_UNIQUE_ID_REASONS[name]})"
         )
     return errors
 
@@ -418,17 +704,20 @@ def _production_errors(source: SourceConfig, environ: Mapping[str, str]) -> list
 
 def _apply_overrides(
     raw: dict[str, Any], environ: Mapping[str, str]
-) -> tuple[dict[tuple[str, ...], str], list[str]]:
-    """Merge FXGATE__SECTION__KEY[__ENTRY] variables into `raw` in place.
+) -> tuple[dict[tuple[Any, ...], str], list[str]]:
+    """Merge FXGATE__SECTION__KEY[__ENTRY] and FXGATE__ROUTES__<i>__KEY variables into `raw`
+    in place.
 
     Returns where each overridden key came from (to name the variable in later errors) and the
     problems with the variable names themselves. Whole values are applied before single
-    `spark.conf` entries so that an entry is never wiped out by a whole-table override.
+    `spark.conf` entries so that an entry is never wiped out by a whole-table override. A route
+    variable changes a key of routes[i] of the file, or adds a route right after the last one.
     """
-    origins: dict[tuple[str, ...], str] = {}
+    origins: dict[tuple[Any, ...], str] = {}
     errors: list[str] = []
-    keys: list[tuple[tuple[str, ...], str, str]] = []
-    entries: list[tuple[tuple[str, ...], str, str]] = []
+    keys: list[tuple[tuple[Any, ...], str, str]] = []
+    entries: list[tuple[tuple[Any, ...], str, str]] = []
+    route_keys: list[tuple[tuple[Any, ...], str, str]] = []
     for name, text in sorted(environ.items()):
         if not name.upper().startswith(ENV_PREFIX):
             continue
@@ -437,13 +726,21 @@ def _apply_overrides(
             errors.append(f"{name}: expected {ENV_PREFIX}<SECTION>__<KEY>")
             continue
         section, key = parts[0].lower(), parts[1].lower()
-        if section not in SECTIONS:
+        if section in ARRAYS:
+            if not key.isdigit() or len(parts) < 3 or not parts[2]:
+                errors.append(f"{name}: expected {ENV_PREFIX}{parts[0]}__<INDEX>__<KEY>")
+                continue
+            target, bucket = (section, int(key), parts[2].lower()), route_keys
+            if target[2] not in ARRAYS[section].model_fields:
+                errors.append(f"{_unknown_key(target)} (from {name})")
+                continue
+        elif section not in SECTIONS:
             errors.append(f"{_unknown_section(section)} (from {name})")
             continue
-        if key not in SECTIONS[section].model_fields:
-            errors.append(f"{_unknown_key(section, key)} (from {name})")
+        elif key not in SECTIONS[section].model_fields:
+            errors.append(f"{_unknown_key((section, key))} (from {name})")
             continue
-        if len(parts) == 2:
+        elif len(parts) == 2:
             target, bucket = (section, key), keys
         elif (section, key) == ("spark", "conf") and parts[2]:
             target, bucket = (section, key, parts[2]), entries  # Spark keys are case-sensitive
@@ -456,15 +753,33 @@ def _apply_overrides(
         origins[target] = name
         bucket.append((target, name, text))
 
-    for target, name, text in keys + entries:
+    for target, name, text in keys + sorted(route_keys) + entries:
         container: Any = raw
         for part in target[:-1]:
-            container = container.setdefault(part, {})
-            if not isinstance(container, dict):
-                break  # the file's own type error for this section or key is reported later
+            # A wrong type in the file (a section that is not a table...) stops here; the
+            # validation reports it later with its key.
+            if isinstance(part, int):
+                if not isinstance(container, list):
+                    break
+                if len(container) < part:
+                    count = len(container)
+                    errors.append(
+                        f"{_dotted(target[:-1])}: {name} sets a key of a route that does not "
+                        f"exist (the config has {count} route{'' if count == 1 else 's'}; "
+                        f"number new routes from {count} without gaps)"
+                    )
+                    break
+                if len(container) == part:
+                    container.append({})
+                container = container[part]
+            else:
+                if not isinstance(container, dict):
+                    break
+                container = container.setdefault(part, [] if part in ARRAYS else {})
         else:
-            container[target[-1]] = _parse_override(text, _wants_text(target))
-            logger.debug("%s overridden by %s", _dotted(target), name)
+            if isinstance(container, dict):
+                container[target[-1]] = _parse_override(text, _wants_text(target))
+                logger.debug("%s overridden by %s", _dotted(target), name)
     return origins, errors
 
 
@@ -486,10 +801,13 @@ def _parse_override(text: str, wants_text: bool) -> Any:
     return value
 
 
-def _wants_text(target: tuple[str, ...]) -> bool:
-    if len(target) != 2:
+def _wants_text(target: tuple[Any, ...]) -> bool:
+    if target[0] in ARRAYS:
+        field = ARRAYS[target[0]].model_fields[target[2]]
+    elif len(target) == 2:
+        field = SECTIONS[target[0]].model_fields[target[1]]
+    else:
         return False  # a spark.conf entry may be a string, number or boolean
-    field = SECTIONS[target[0]].model_fields[target[1]]
     return _is_text_type(field.annotation)
 
 
@@ -522,18 +840,20 @@ _TYPE_NAMES = {
     "model_attributes_type": "a table",
 }
 # Keys whose values must never appear in a message.
-_SECRET_KEYS = {("source", "password_env")}
+_SECRET_KEYS = {("source", "password_env"), ("upstream", "password_env")}
 
 
-def _describe(section: str, detail: ErrorDetails, origins: Mapping[tuple[str, ...], str]) -> str:
-    loc = tuple(detail["loc"])
+def _describe(
+    where: tuple[Any, ...], detail: ErrorDetails, origins: Mapping[tuple[Any, ...], str]
+) -> str:
+    """One line for one pydantic error; `where` is the section, or ("routes", i)."""
+    loc = (*where, *detail["loc"])
     if detail["type"] == "extra_forbidden":
-        message = _unknown_key(section, str(loc[0]))
+        message = _unknown_key(loc)
     else:
-        key = (section, *loc)
-        show_input = (section, *loc[:1]) not in _SECRET_KEYS
-        message = f"{_dotted(key)}: {_reason(detail, show_input)}"
-    origin = _origin((section, *loc), origins)
+        show_input = tuple(loc[:2]) not in _SECRET_KEYS
+        message = f"{_dotted(loc)}: {_reason(detail, show_input)}"
+    origin = _origin(loc, origins)
     return f"{message} (from {origin})" if origin else message
 
 
@@ -553,6 +873,8 @@ def _reason(detail: ErrorDetails, show_input: bool) -> str:
     if kind in bounds:
         words, name = bounds[kind]
         return f"must be {words} {ctx[name]}{got}"
+    if kind == "missing":
+        return "required, but not set"
     if kind == "finite_number":
         return f"must be a finite number{got}"
     if kind in ("too_short", "string_too_short"):
@@ -562,7 +884,7 @@ def _reason(detail: ErrorDetails, show_input: bool) -> str:
     return detail["msg"]
 
 
-def _origin(loc: tuple[Any, ...], origins: Mapping[tuple[str, ...], str]) -> str | None:
+def _origin(loc: tuple[Any, ...], origins: Mapping[tuple[Any, ...], str]) -> str | None:
     for length in range(len(loc), 1, -1):
         origin = origins.get(tuple(loc[:length]))
         if origin:
@@ -582,15 +904,23 @@ def _dotted(loc: Iterable[Any]) -> str:
     return text
 
 
-def _unknown_key(section: str, key: str) -> str:
-    return f"{section}.{key}: unknown key{_suggest(key, SECTIONS[section].model_fields)}"
+def _unknown_key(loc: tuple[Any, ...]) -> str:
+    """`loc` is (section, key) or (array, index, key)."""
+    model = ARRAYS[loc[0]] if loc[0] in ARRAYS else SECTIONS[loc[0]]
+    key = str(loc[-1])
+    return f"{_dotted(loc)}: unknown key{_suggest(key, model.model_fields)}"
 
 
 def _unknown_section(name: str) -> str:
-    hint = _suggest(name, SECTIONS)
+    hint = _suggest(name, [*SECTIONS, *ARRAYS])
     if not hint:
         # A key written above every [section] header lands at the top level.
-        owners = [section for section, model in SECTIONS.items() if name in model.model_fields]
+        # `port` is a key of [source] and of the optional [upstream]; the one always there wins.
+        owners = [
+            section
+            for section, model in SECTIONS.items()
+            if name in model.model_fields and section not in OPTIONAL_SECTIONS
+        ] or [section for section, model in SECTIONS.items() if name in model.model_fields]
         if len(owners) == 1:
             hint = f" (keys belong in a section: did you mean {owners[0]}.{name}?)"
     return f"{name}: unknown section{hint}"

@@ -24,8 +24,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
-from actors.mqtt_client import LedgerClient
-from persistence.inbound_ledger import Inbound, SessionStarted
+from actors.mqtt_client import EpochClient, InboundPublish, InboundPubrel, LedgerClient
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +50,53 @@ class ConnectionSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class SessionStarted:
+    """Told to the listener at each CONNACK. Without a session present the broker has forgotten
+    every packet id of ours; `receive_maximum` is how many QoS 1/2 messages it takes in flight."""
+
+    epoch: int
+    session_present: bool
+    receive_maximum: int = 65535
+
+
+@dataclass(frozen=True, slots=True)
+class SessionEnded:
+    """Told to the listener when the connection of `epoch` is gone."""
+
+    epoch: int
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Inbound:
+    """A packet from the source connection, with the way back for its acknowledgement."""
+
+    packet: InboundPublish | InboundPubrel
+    acks: object  # actors.mqtt_client.AckSender
+
+
+def ledger_client_factory(listener) -> Callable[[str, Callable[[], float]], EpochClient]:
+    """Source connections: every inbound PUBLISH/PUBREL goes to `listener` (the InboundLedger)."""
+
+    def make(client_id: str, monotonic: Callable[[], float]) -> EpochClient:
+        client: LedgerClient | None = None
+
+        def forward(packet) -> None:
+            listener.tell(Inbound(packet, client))
+
+        client = LedgerClient(client_id, forward, forward, monotonic)
+        return client
+
+    return make
+
+
+@dataclass(frozen=True, slots=True)
 class _Connected:
     epoch: int
     reason: str
     failed: bool
     session_present: bool
+    receive_maximum: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,19 +132,19 @@ class ConnectionActor(pykka.ThreadingActor):
         self,
         settings: ConnectionSettings,
         clock: Clock,
-        ledger: pykka.ActorRef,
+        listener: pykka.ActorRef,
         *,
         backoff: Backoff | None = None,
-        client_factory: Callable[..., LedgerClient] = LedgerClient,
+        client_factory: Callable[[str, Callable[[], float]], EpochClient] | None = None,
     ) -> None:
         super().__init__()
         self._s = settings
         self._clock = clock
-        self._ledger = ledger
+        self._listener = listener
         self._backoff = backoff or Backoff(
             settings.reconnect_min_delay, settings.reconnect_max_delay, settings.reconnect_jitter
         )
-        self._client_factory = client_factory
+        self._client_factory = client_factory or ledger_client_factory(listener)
         self._client: LedgerClient | None = None
         self._state = "connecting"
         self._last_reason: str | None = None
@@ -118,14 +159,7 @@ class ConnectionActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         s = self._s
-        ledger = self._ledger
-
-        client = self._client_factory(
-            client_id=s.client_id,
-            on_publish_received=lambda p: ledger.tell(Inbound(p, client)),
-            on_pubrel_received=lambda p: ledger.tell(Inbound(p, client)),
-            monotonic=self._clock.monotonic,
-        )
+        client = self._client_factory(s.client_id, self._clock.monotonic)
         if s.username is not None:
             client.username_pw_set(s.username, s.password)
         client.on_connect = self._on_connect
@@ -142,7 +176,7 @@ class ConnectionActor(pykka.ThreadingActor):
             s.clean_start,
             s.session_expiry_seconds,
             s.receive_maximum,
-            ", ".join(s.subscriptions),
+            ", ".join(s.subscriptions) or "none",
             s.qos,
         )
         self._attempt()
@@ -167,10 +201,15 @@ class ConnectionActor(pykka.ThreadingActor):
         except pykka.ActorDeadError:
             pass
 
-    def _on_connect(self, client, _userdata, flags, reason_code, _properties) -> None:
+    def _on_connect(self, client, _userdata, flags, reason_code, properties) -> None:
+        receive_maximum = getattr(properties, "ReceiveMaximum", None) or 65535
         self._tell(
             _Connected(
-                client.epoch, str(reason_code), reason_code.is_failure, flags.session_present
+                client.epoch,
+                str(reason_code),
+                reason_code.is_failure,
+                flags.session_present,
+                receive_maximum,
             )
         )
 
@@ -217,18 +256,23 @@ class ConnectionActor(pykka.ThreadingActor):
         self._ever_connected = True
         self._backoff.reset()
         log.info(
-            "%s: connected to %s:%d as %s (session present: %s)",
+            "%s: connected to %s:%d as %s (session present: %s, receive maximum %d)",
             self._s.name,
             self._s.host,
             self._s.port,
             self._s.client_id,
             message.session_present,
+            message.receive_maximum,
         )
-        self._ledger.tell(SessionStarted(message.epoch, message.session_present))
+        self._listener.tell(
+            SessionStarted(message.epoch, message.session_present, message.receive_maximum)
+        )
         assert self._client is not None
-        # retainHandling=1: retained messages only for a new subscription, not on every reconnect.
-        options = SubscribeOptions(qos=self._s.qos, retainHandling=1)
-        self._client.subscribe([(topic, options) for topic in self._s.subscriptions])
+        if self._s.subscriptions:
+            # retainHandling=1: retained messages only for a new subscription, not on every
+            # reconnect.
+            options = SubscribeOptions(qos=self._s.qos, retainHandling=1)
+            self._client.subscribe([(topic, options) for topic in self._s.subscriptions])
 
     def _handle_disconnected(self, message: _Disconnected) -> None:
         if self._stopping:
@@ -240,6 +284,7 @@ class ConnectionActor(pykka.ThreadingActor):
             self._disconnects += 1
         self._last_reason = message.reason
         log.warning("%s: disconnected: %s", self._s.name, message.reason)
+        self._listener.tell(SessionEnded(message.epoch, message.reason))
         self._schedule_reconnect()
 
     # -- connecting -------------------------------------------------------------------------
@@ -273,7 +318,7 @@ class ConnectionActor(pykka.ThreadingActor):
             raise RuntimeError(f"{s.name}: paho network thread did not start")
 
     @staticmethod
-    def _ever_attempted(client: LedgerClient) -> bool:
+    def _ever_attempted(client: EpochClient) -> bool:
         return client.epoch > 0
 
     def _schedule_reconnect(self) -> None:

@@ -1,4 +1,4 @@
-"""Who this daemon is on the source broker: environment id, client id, shared subscriptions.
+"""Who this daemon is on its brokers: environment id, client ids, shared subscriptions.
 
 The rules follow the MQTT processor design record for RFID readers (DESIGN §5). Everything here is
 a pure function of its arguments: the environment, the host name and the unique-suffix source are
@@ -43,6 +43,8 @@ class Identity:
     environment_source: str  # "config" | "MQTT_ENVIRONMENT_ID" | "development-default"
     client_id: str
     subscriptions: tuple[str, ...]
+    # None when nothing is forwarded (no [upstream] section, or it is disabled).
+    upstream_client_id: str | None = None
 
 
 class SourceIdentitySettings(Protocol):
@@ -60,6 +62,17 @@ class SourceIdentitySettings(Protocol):
     def shared_subscription_group(self) -> str: ...
     @property
     def subscribe_topics(self) -> Sequence[str]: ...
+
+
+class UpstreamIdentitySettings(Protocol):
+    """The part of the `[upstream]` section that identity depends on."""
+
+    @property
+    def client_id(self) -> str: ...
+    @property
+    def instance_id(self) -> str | None: ...
+    @property
+    def append_unique_id(self) -> bool: ...
 
 
 def random_suffix() -> str:
@@ -138,14 +151,22 @@ def resolve_identity(
     environ: Mapping[str, str],
     hostname: str,
     unique: Callable[[], str] = random_suffix,
+    upstream_cfg: UpstreamIdentitySettings | None = None,
 ) -> Identity:
+    """The identity on the source broker, and on the upstream one when `upstream_cfg` is given.
+
+    Both client ids follow one rule with the same environment id. The upstream instance falls
+    back to the source's `instance_id`, then to the host name, so that one machine shows up
+    under one instance name on both brokers.
+    """
     environment_id, environment_source = resolve_environment_id(
         source_cfg.environment_id, environ, mode, hostname
     )
+    source_instance = resolve_instance_id(source_cfg.instance_id, hostname)
     client_id = build_client_id(
         source_cfg.client_id,
         environment_id,
-        resolve_instance_id(source_cfg.instance_id, hostname),
+        source_instance,
         source_cfg.append_unique_id,
         unique,
     )
@@ -153,4 +174,16 @@ def resolve_identity(
         shared_subscription(topic, source_cfg.shared_subscription_group, environment_id)
         for topic in source_cfg.subscribe_topics
     )
-    return Identity(environment_id, environment_source, client_id, subscriptions)
+    upstream_client_id = None
+    if upstream_cfg is not None:
+        upstream_instance = upstream_cfg.instance_id
+        upstream_client_id = build_client_id(
+            upstream_cfg.client_id,
+            environment_id,
+            source_instance if upstream_instance is None else upstream_instance,
+            upstream_cfg.append_unique_id,
+            unique,
+        )
+    return Identity(
+        environment_id, environment_source, client_id, subscriptions, upstream_client_id
+    )

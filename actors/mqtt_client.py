@@ -62,7 +62,40 @@ class AckSender:
         raise NotImplementedError
 
 
-class LedgerClient(mqtt.Client, AckSender):
+class EpochClient(mqtt.Client):
+    """An MQTT 5 client whose packets, sent from other threads, go out only on the connection
+    they were decided for. Reconnects belong to our ConnectionActor (backoff on the injected
+    clock), not to paho."""
+
+    def __init__(self, client_id: str, monotonic: Callable[[], float], manual_ack: bool) -> None:
+        super().__init__(
+            callback_api_version=CallbackAPIVersion.VERSION2,
+            client_id=client_id,
+            protocol=MQTTProtocolVersion.MQTTv5,
+            reconnect_on_failure=False,
+            manual_ack=manual_ack,
+        )
+        self._monotonic = monotonic
+        self._epoch_lock = threading.Lock()
+        self.epoch = 0
+
+    def reconnect(self) -> MQTTErrorCode:
+        # A new epoch before paho drops its queued packets: a packet raced in after this point is
+        # refused by `_on_epoch`, one queued before it is dropped with the old socket's queue.
+        with self._epoch_lock:
+            self.epoch += 1
+        return super().reconnect()
+
+    def _on_epoch(self, epoch: int, what: str, send: Callable[[], object]) -> bool:
+        with self._epoch_lock:
+            if epoch != self.epoch or not self.is_connected():
+                log.debug("dropped %s of epoch %d (now %d)", what, epoch, self.epoch)
+                return False
+            send()
+            return True
+
+
+class LedgerClient(EpochClient, AckSender):
     """MQTT 5 client whose inbound QoS 1/2 handshakes are driven by the ledger."""
 
     def __init__(
@@ -72,41 +105,17 @@ class LedgerClient(mqtt.Client, AckSender):
         on_pubrel_received: Callable[[InboundPubrel], None],
         monotonic: Callable[[], float],
     ) -> None:
-        super().__init__(
-            callback_api_version=CallbackAPIVersion.VERSION2,
-            client_id=client_id,
-            protocol=MQTTProtocolVersion.MQTTv5,
-            # Our ConnectionActor owns reconnects and their backoff, on the injected clock.
-            reconnect_on_failure=False,
-            manual_ack=True,
-        )
+        super().__init__(client_id, monotonic, manual_ack=True)
         self._on_publish_received = on_publish_received
         self._on_pubrel_received = on_pubrel_received
-        self._monotonic = monotonic
-        self._ack_lock = threading.Lock()
-        self.epoch = 0
-
-    def reconnect(self) -> MQTTErrorCode:
-        # A new epoch before paho drops its queued packets: an ack raced in after this point is
-        # refused by send_ack, one queued before it is dropped with the old socket's queue.
-        with self._ack_lock:
-            self.epoch += 1
-        return super().reconnect()
 
     def send_ack(self, epoch: int, kind: AckKind, packet_id: int) -> bool:
-        with self._ack_lock:
-            if epoch != self.epoch or not self.is_connected():
-                log.debug(
-                    "dropped %s %d of epoch %d (now %d)", kind.value, packet_id, epoch, self.epoch
-                )
-                return False
-            if kind is AckKind.PUBACK:
-                self._send_puback(packet_id)
-            elif kind is AckKind.PUBREC:
-                self._send_pubrec(packet_id)
-            else:
-                self._send_pubcomp(packet_id)
-            return True
+        send = {
+            AckKind.PUBACK: self._send_puback,
+            AckKind.PUBREC: self._send_pubrec,
+            AckKind.PUBCOMP: self._send_pubcomp,
+        }[kind]
+        return self._on_epoch(epoch, f"{kind.value} {packet_id}", lambda: send(packet_id))
 
     # The two overrides below run on paho's network thread. They only translate: no ack leaves here.
 

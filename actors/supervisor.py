@@ -94,6 +94,8 @@ class Supervisor:
         cfg = self.config
         for line in cfg.summary_lines():
             log.info("%s", line)
+        for warning in cfg.warnings():
+            log.warning("%s", warning)
         try:
             ledger = self._start(
                 "ledger",

@@ -21,6 +21,7 @@ import pykka
 from sqlalchemy import Connection, select
 
 from actors.clock import Clock, TimerHandle
+from actors.connection import Inbound, SessionEnded, SessionStarted
 from actors.crashpoints import crash_point
 from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
 from persistence import database as db
@@ -42,22 +43,6 @@ class LedgerRecord:
     qos: int
     received_time: float
     pack_id: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    """A packet from the source connection, with the way back for its acknowledgement."""
-
-    packet: InboundPublish | InboundPubrel
-    acks: AckSender
-
-
-@dataclass(frozen=True, slots=True)
-class SessionStarted:
-    """CONNACK arrived. Without a session present the broker has forgotten every packet id."""
-
-    epoch: int
-    session_present: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,6 +156,8 @@ class InboundLedger(pykka.ThreadingActor):
             self._commit()
         elif isinstance(message, SessionStarted):
             self._on_session(message)
+        elif isinstance(message, SessionEnded):
+            pass
         else:
             log.warning("inbound ledger ignored %r", message)
 

@@ -5,12 +5,20 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from actors.config import SECTIONS, Config, ConfigError, load_config
+from actors.config import OPTIONAL_SECTIONS, SECTIONS, Config, ConfigError, load_config
+from actors.routes import Route
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 HOST = "gw-01"
 NEEDS_ENVIRONMENT_ID = (
     "source.environment_id: required in production mode (set it in the file or MQTT_ENVIRONMENT_ID)"
+)
+UPSTREAM = '[upstream]\nhost = "cloud.example.com"\n'
+ROUTE = '[[routes]]\nsource = "zebra/fx/+/reads"\n'
+PRODUCTION_PASSWORDS = {"FXGATE_MQTT_PASSWORD": "pw", "FXGATE_UPSTREAM_PASSWORD": "up"}
+# Every commented-out key line and section header of gateway.toml ("# key = value", "# [x]").
+COMMENTED_OUT = re.compile(
+    r"^# (\[\[?[a-z_.]+\]\]?|[a-z_]+ = (?:[\"\[0-9-]|true\b|false\b).*)$", re.MULTILINE
 )
 
 
@@ -52,6 +60,13 @@ def test_defaults_load_without_a_file():
     assert config.identity.client_id == "fxgate-local-gw-01-gw-01"
     # Plain by default: mosquitto forgets shared subscriptions on restart (test_mosquitto_facts).
     assert config.identity.subscriptions == ("zebra/fx/+/reads",)
+    assert (config.buffer.max_messages, config.buffer.max_bytes) == (10000, 16 * 1024 * 1024)
+    assert (config.buffer.high_watermark, config.buffer.low_watermark) == (0.8, 0.5)
+    assert (config.buffer.overflow, config.buffer.persist_qos0) == ("drop_oldest", False)
+    assert (config.spark.backlog_high_messages, config.spark.backlog_low_messages) == (
+        100000,
+        50000,
+    )
 
 
 def test_gateway_toml_loads_and_equals_the_defaults():
@@ -62,6 +77,8 @@ def test_gateway_toml_spells_out_every_key_so_it_cannot_drift():
     text = (CONFIGS / "gateway.toml").read_text()
     written = tomllib.loads(text)
     for section, model in SECTIONS.items():
+        if section in OPTIONAL_SECTIONS:
+            continue  # written commented out: see the next test
         for key, field in model.model_fields.items():
             if field.is_required() or field.get_default(call_default_factory=True) is not None:
                 assert key in written[section], f"{section}.{key} missing from gateway.toml"
@@ -71,11 +88,33 @@ def test_gateway_toml_spells_out_every_key_so_it_cannot_drift():
                 )
 
 
-def test_production_example_loads_when_its_password_variable_is_set():
-    config = load(CONFIGS / "production.example.toml", {"FXGATE_MQTT_PASSWORD": "pw"})
+def test_gateway_toml_uncommented_enables_forwarding_and_spells_out_every_optional_key(tmp_path):
+    text = (CONFIGS / "gateway.toml").read_text()
+    uncommented = COMMENTED_OUT.sub(r"\1", text)
+    written = tomllib.loads(uncommented)
+    for section in OPTIONAL_SECTIONS:
+        assert set(written[section]) == set(SECTIONS[section].model_fields), section
+    (route,) = written["routes"]
+    assert set(route) == {"source", "target", "qos", "persist"}
+    config = load(write(tmp_path, uncommented))
+    assert config.forwarding
+    assert config.routes == (Route(0, "zebra/fx/+/reads", "{topic}", 1, True),)
+    assert config.warnings() == []
+    # The values shown are the defaults, where a key has one.
+    for key, field in SECTIONS["upstream"].model_fields.items():
+        if not field.is_required() and field.default is not None:
+            assert getattr(config.upstream, key) == field.default, f"upstream.{key}"
+
+
+def test_production_example_loads_when_its_password_variables_are_set():
+    config = load(CONFIGS / "production.example.toml", PRODUCTION_PASSWORDS)
     assert config.gateway.mode == "production"
     assert config.identity.environment_source == "config"
-    assert config.source.password({"FXGATE_MQTT_PASSWORD": "pw"}) == "pw"
+    assert config.source.password(PRODUCTION_PASSWORDS) == "pw"
+    assert config.upstream is not None
+    assert config.upstream.password(PRODUCTION_PASSWORDS) == "up"
+    assert config.identity.upstream_client_id == "fxgate-upstream-plant-7-gw-01"
+    assert config.warnings() == []
 
 
 def test_production_example_takes_environment_id_from_the_variable_when_the_file_has_none(
@@ -83,14 +122,17 @@ def test_production_example_takes_environment_id_from_the_variable_when_the_file
 ):
     text = (CONFIGS / "production.example.toml").read_text()
     path = write(tmp_path, re.sub(r"(?m)^environment_id = .*$", "", text))
-    config = load(path, {"MQTT_ENVIRONMENT_ID": "plant-9", "FXGATE_MQTT_PASSWORD": "pw"})
+    config = load(path, {"MQTT_ENVIRONMENT_ID": "plant-9", **PRODUCTION_PASSWORDS})
     assert config.identity.environment_id == "plant-9"
     assert config.identity.environment_source == "MQTT_ENVIRONMENT_ID"
 
 
-def test_production_example_without_its_password_variable_names_password_env():
-    (error,) = errors_of(CONFIGS / "production.example.toml")
-    assert error.startswith("source.password_env: environment variable FXGATE_MQTT_PASSWORD")
+def test_production_example_without_its_password_variables_names_both_password_envs():
+    source_error, upstream_error = errors_of(CONFIGS / "production.example.toml")
+    assert source_error.startswith("source.password_env: environment variable FXGATE_MQTT_PASSWORD")
+    assert upstream_error.startswith(
+        "upstream.password_env: environment variable FXGATE_UPSTREAM_PASSWORD"
+    )
 
 
 # --- errors in a file -------------------------------------------------------------------------
@@ -398,3 +440,327 @@ def test_summary_lines_show_what_an_operator_checks_at_start(tmp_path):
         "spark master local[2]",
     ]:
         assert fact in summary
+
+
+# --- forwarding: upstream, routes, buffer -----------------------------------------------------
+
+
+def test_without_an_upstream_section_there_are_no_routes_and_nothing_is_forwarded():
+    config = load()
+    assert config.upstream is None
+    assert config.routes == ()
+    assert config.forwarding is False
+    assert config.identity.upstream_client_id is None
+    assert config.warnings() == []
+    assert "upstream none: nothing is forwarded" in config.summary_lines()
+
+
+def test_upstream_with_routes_loads_the_routes_in_config_order(tmp_path):
+    path = write(
+        tmp_path,
+        UPSTREAM
+        + ROUTE
+        + 'target = "site/{environment}/{reader}"\nqos = 2\n'
+        + '[[routes]]\nsource = "zebra/#"\npersist = true\n',
+    )
+    config = load(path)
+    assert config.forwarding is True
+    assert config.routes == (
+        Route(0, "zebra/fx/+/reads", "site/{environment}/{reader}", 2, True),
+        Route(1, "zebra/#", "{topic}", 1, True),
+    )
+    upstream = config.upstream
+    assert upstream is not None
+    assert (upstream.host, upstream.port, upstream.window) == ("cloud.example.com", 1883, 20)
+    assert (upstream.clean_session, upstream.session_expiry_interval_seconds) == (False, 3600)
+    assert (
+        upstream.reconnect_min_delay_seconds,
+        upstream.reconnect_max_delay_seconds,
+        upstream.reconnect_jitter,
+    ) == (1.0, 120.0, 0.25)
+    assert config.identity.upstream_client_id == "fxgate-upstream-local-gw-01-gw-01"
+
+
+def test_routes_without_an_upstream_section_are_an_error_naming_routes(tmp_path):
+    path = write(tmp_path, ROUTE + ROUTE)
+    assert errors_of(path) == (
+        "routes: 2 routes but no [upstream] section to forward to (add [upstream] with its "
+        "host, or remove the [[routes]] entries)",
+    )
+
+
+def test_an_upstream_section_without_routes_is_an_error_naming_upstream(tmp_path):
+    path = write(tmp_path, UPSTREAM)
+    assert errors_of(path) == (
+        "upstream: no [[routes]] entries, so nothing would be forwarded (add a [[routes]] entry "
+        "with its source filter, or remove [upstream])",
+    )
+
+
+def test_an_upstream_section_without_a_host_names_the_key(tmp_path):
+    path = write(tmp_path, "[upstream]\nport = 1884\n" + ROUTE)
+    assert errors_of(path) == ("upstream.host: required, but not set",)
+
+
+def test_routes_written_as_a_single_table_are_an_error_naming_the_array_syntax(tmp_path):
+    path = write(tmp_path, UPSTREAM + '[routes]\nsource = "a/#"\n')
+    assert errors_of(path) == (
+        "routes: expected an array of tables ([[routes]] entries), got a table",
+    )
+
+
+def test_an_unknown_placeholder_in_a_target_is_named_with_its_route_index(tmp_path):
+    path = write(tmp_path, UPSTREAM + ROUTE + ROUTE + 'target = "{site}/{topic}"\n')
+    assert errors_of(path) == (
+        "routes[1].target: '{site}/{topic}': unknown placeholder {site}; use {topic}, {reader} "
+        "or {environment}",
+    )
+
+
+def test_a_wildcard_in_a_target_is_an_error_naming_the_route(tmp_path):
+    path = write(tmp_path, UPSTREAM + ROUTE + 'target = "up/+/{reader}"\n')
+    (error,) = errors_of(path)
+    assert error.startswith("routes[0].target: 'up/+/{reader}': a topic name may not contain")
+
+
+def test_a_bad_route_source_filter_names_the_route(tmp_path):
+    path = write(tmp_path, UPSTREAM + '[[routes]]\nsource = "zebra/#/reads"\n')
+    assert errors_of(path) == (
+        "routes[0].source: 'zebra/#/reads': '#' must be a whole level and the last one",
+    )
+
+
+def test_unknown_key_in_a_route_entry_suggests_the_closest_name(tmp_path):
+    path = write(tmp_path, UPSTREAM + '[[routes]]\nsourc = "zebra/#"\n')
+    assert errors_of(path) == (
+        "routes[0].source: required, but not set",
+        "routes[0].sourc: unknown key (did you mean 'source'?)",
+    )
+
+
+def test_a_misspelt_routes_header_suggests_routes(tmp_path):
+    path = write(tmp_path, UPSTREAM + ROUTE + '[[route]]\nsource = "a/#"\n')
+    assert errors_of(path) == ("route: unknown section (did you mean 'routes'?)",)
+
+
+def test_persist_false_loads_and_warns_that_qos_is_downgraded(tmp_path):
+    path = write(
+        tmp_path,
+        UPSTREAM
+        + ROUTE
+        + "persist = false\n"
+        + '[[routes]]\nsource = "a/#"\nqos = 0\npersist = false\n'
+        + '[[routes]]\nsource = "b/#"\nqos = 2\npersist = false\n',
+    )
+    config = load(path)
+    assert [route.effective_qos for route in config.routes] == [0, 0, 0]
+    assert [route.qos for route in config.routes] == [1, 0, 2]
+    assert config.warnings() == [
+        "routes[0]: persist = false downgrades QoS 1 to 0 (messages are not kept across restarts)",
+        "routes[2]: persist = false downgrades QoS 2 to 0 (messages are not kept across restarts)",
+    ]
+    assert "routes[2] b/# -> {topic} at QoS 0 (persist = false, asked 2)" in config.summary_lines()
+
+
+def test_a_clean_upstream_session_loads_with_a_duplicate_warning(tmp_path):
+    path = write(tmp_path, UPSTREAM + "clean_session = true\n" + ROUTE)
+    (warning,) = load(path).warnings()
+    assert warning.startswith("upstream.clean_session = true:")
+    assert "may arrive twice" in warning
+
+
+def test_a_disabled_upstream_forwards_nothing_but_still_checks_its_routes(tmp_path):
+    path = write(tmp_path, UPSTREAM + "enabled = false\n" + ROUTE)
+    config = load(path)
+    assert config.upstream is not None
+    assert (config.forwarding, config.routes, config.identity.upstream_client_id) == (
+        False,
+        (),
+        None,
+    )
+    assert config.warnings() == [
+        "upstream.enabled = false: nothing is forwarded; "
+        "the [[routes]] entries are checked but not used"
+    ]
+    bad = write(tmp_path, UPSTREAM + "enabled = false\n" + ROUTE + 'target = "{x}"\n')
+    (error,) = errors_of(bad)
+    assert error.startswith("routes[0].target: '{x}': unknown placeholder {x}")
+
+
+def test_forwarding_into_the_source_broker_onto_a_subscribed_topic_is_a_loop_error(tmp_path):
+    path = write(tmp_path, '[upstream]\nhost = "localhost"\n' + ROUTE)
+    assert errors_of(path) == (
+        "routes[0].target: upstream is the source broker (localhost:1883) and '{topic}' "
+        "republishes 'zebra/fx/fxgate-sample/reads' to 'zebra/fx/fxgate-sample/reads', which "
+        "source.subscribe_topics receives again (a forwarding loop)",
+    )
+
+
+def test_forwarding_into_the_source_broker_onto_another_topic_loads(tmp_path):
+    path = write(tmp_path, '[upstream]\nhost = "127.0.0.1"\n' + ROUTE + 'target = "up/{topic}"\n')
+    assert load(path).routes[0].target == "up/{topic}"
+
+
+def test_forwarding_to_the_same_host_on_another_port_is_not_a_loop(tmp_path):
+    path = write(tmp_path, '[upstream]\nhost = "localhost"\nport = 1884\n' + ROUTE)
+    assert load(path).forwarding is True
+
+
+def test_buffer_low_watermark_not_below_high_is_an_error_naming_the_key(tmp_path):
+    path = write(tmp_path, "[buffer]\nhigh_watermark = 0.6\nlow_watermark = 0.6\n")
+    assert errors_of(path) == ("buffer.low_watermark: must be below high_watermark (0.6), got 0.6",)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ("max_messages = 0", "buffer.max_messages: must be at least 1, got 0"),
+        ("max_bytes = 1023", "buffer.max_bytes: must be at least 1024, got 1023"),
+        ("high_watermark = 1.5", "buffer.high_watermark: must be at most 1.0, got 1.5"),
+        ("low_watermark = 0", "buffer.low_watermark: must be greater than 0.0, got 0"),
+        (
+            'overflow = "drop_all"',
+            "buffer.overflow: expected 'drop_oldest' or 'drop_new', got 'drop_all'",
+        ),
+    ],
+)
+def test_buffer_values_out_of_range_name_the_key(tmp_path, text, error):
+    assert errors_of(write(tmp_path, f"[buffer]\n{text}\n")) == (error,)
+
+
+def test_spark_backlog_low_not_below_high_is_an_error_naming_the_key(tmp_path):
+    path = write(tmp_path, "[spark]\nbacklog_high_messages = 10\nbacklog_low_messages = 20\n")
+    assert errors_of(path) == (
+        "spark.backlog_low_messages: must be below backlog_high_messages (10), got 20",
+    )
+
+
+def test_env_override_sets_the_upstream_port(tmp_path):
+    path = write(tmp_path, UPSTREAM + "port = 1999\n" + ROUTE)
+    config = load(path, {"FXGATE__UPSTREAM__PORT": "8883"})
+    assert config.upstream is not None
+    assert config.upstream.port == 8883
+
+
+def test_env_override_of_the_upstream_host_alone_asks_for_routes():
+    assert errors_of(environ={"FXGATE__UPSTREAM__HOST": "cloud.example.com"}) == (
+        "upstream: no [[routes]] entries, so nothing would be forwarded (add a [[routes]] entry "
+        "with its source filter, or remove [upstream])",
+    )
+
+
+def test_env_override_changes_a_route_and_adds_the_next_one(tmp_path):
+    path = write(tmp_path, UPSTREAM + ROUTE)
+    config = load(
+        path,
+        {
+            "FXGATE__ROUTES__0__QOS": "2",
+            "FXGATE__ROUTES__1__SOURCE": "other/#",
+            "FXGATE__ROUTES__1__TARGET": "up/{topic}",
+        },
+    )
+    assert config.routes == (
+        Route(0, "zebra/fx/+/reads", "{topic}", 2, True),
+        Route(1, "other/#", "up/{topic}", 1, True),
+    )
+
+
+def test_env_override_of_a_route_past_the_last_one_is_an_error_naming_the_variable(tmp_path):
+    path = write(tmp_path, UPSTREAM + ROUTE)
+    (error,) = errors_of(path, {"FXGATE__ROUTES__2__SOURCE": "a/#"})
+    assert error.startswith("routes[2]: FXGATE__ROUTES__2__SOURCE sets a key of a route that")
+    assert "number new routes from 1 without gaps" in error
+
+
+def test_bad_route_value_from_the_environment_names_route_key_and_variable(tmp_path):
+    path = write(tmp_path, UPSTREAM + ROUTE)
+    assert errors_of(path, {"FXGATE__ROUTES__0__QOS": "3", "FXGATE__ROUTES__0__SORCE": "x"}) == (
+        "routes[0].sorce: unknown key (did you mean 'source'?) (from FXGATE__ROUTES__0__SORCE)",
+        "routes[0].qos: must be at most 2, got 3 (from FXGATE__ROUTES__0__QOS)",
+    )
+
+
+def test_env_override_of_routes_without_an_index_is_an_error():
+    assert errors_of(environ={"FXGATE__ROUTES__SOURCE": "a/#"}) == (
+        "FXGATE__ROUTES__SOURCE: expected FXGATE__ROUTES__<INDEX>__<KEY>",
+    )
+
+
+def test_upstream_client_id_follows_the_source_rule_with_the_gateway_environment(tmp_path):
+    path = write(tmp_path, UPSTREAM + ROUTE)
+    config = load(path, {"MQTT_ENVIRONMENT_ID": "plant-9"})
+    assert config.identity.upstream_client_id == "fxgate-upstream-plant-9-gw-01"
+    own = write(tmp_path, UPSTREAM + 'client_id = "edge"\ninstance_id = "up-1"\n' + ROUTE)
+    assert load(own, {"MQTT_ENVIRONMENT_ID": "plant-9"}).identity.upstream_client_id == (
+        "edge-plant-9-up-1"
+    )
+
+
+def test_upstream_instance_falls_back_to_the_source_instance_id(tmp_path):
+    path = write(tmp_path, '[source]\ninstance_id = "edge-3"\n' + UPSTREAM + ROUTE)
+    config = load(path)
+    assert config.identity.client_id == "fxgate-local-gw-01-edge-3"
+    assert config.identity.upstream_client_id == "fxgate-upstream-local-gw-01-edge-3"
+
+
+def test_upstream_unique_suffix_is_appended_only_to_the_upstream_client_id(tmp_path):
+    path = write(tmp_path, UPSTREAM + "append_unique_id = true\n" + ROUTE)
+    config = load(path)
+    assert config.identity.client_id == "fxgate-local-gw-01-gw-01"
+    upstream_client_id = config.identity.upstream_client_id
+    assert upstream_client_id is not None
+    assert re.fullmatch(r"fxgate-upstream-local-gw-01-gw-01-[0-9a-f]{8}", upstream_client_id)
+
+
+def test_production_requires_the_upstream_password_variable_and_a_stable_client_id(tmp_path):
+    path = write(
+        tmp_path,
+        '[gateway]\nmode = "production"\n'
+        + UPSTREAM
+        + 'username = "fx"\npassword_env = "UP_PW"\nappend_unique_id = true\n'
+        + ROUTE,
+    )
+    errors = errors_of(path, {"MQTT_ENVIRONMENT_ID": "plant-7"})
+    assert errors == (
+        "upstream.password_env: environment variable UP_PW is not set (required in production "
+        "mode)",
+        "upstream.append_unique_id: must be false in production mode (a new client id on each "
+        "restart abandons the upstream session, and with it the packet ids of QoS 2 messages "
+        "in flight)",
+    )
+
+
+def test_production_with_the_upstream_password_variable_set_loads(tmp_path):
+    path = write(
+        tmp_path,
+        '[gateway]\nmode = "production"\n'
+        + UPSTREAM
+        + 'username = "fx"\npassword_env = "UP_PW"\n'
+        + ROUTE,
+    )
+    config = load(path, {"MQTT_ENVIRONMENT_ID": "plant-7", "UP_PW": "secret"})
+    assert config.upstream is not None
+    assert config.upstream.password({"UP_PW": "at-connect"}) == "at-connect"
+
+
+def test_upstream_password_never_appears_in_repr_or_summary(tmp_path):
+    secret = "up-s3cret-Value-42"
+    path = write(tmp_path, UPSTREAM + 'username = "fx"\npassword_env = "UP_PW"\n' + ROUTE)
+    config = load(path, {"UP_PW": secret})
+    assert secret not in repr(config)
+    summary = "\n".join(config.summary_lines())
+    assert secret not in summary
+    assert "cloud.example.com:1883 (user 'fx', password from $UP_PW), window 20" in summary
+
+
+def test_summary_lines_list_the_upstream_its_client_id_and_every_route(tmp_path):
+    path = write(
+        tmp_path, UPSTREAM + ROUTE + 'target = "up/{reader}"\nqos = 2\n[[routes]]\nsource = "b/#"\n'
+    )
+    summary = load(path).summary_lines()
+    assert "upstream client id fxgate-upstream-local-gw-01-gw-01 (clean_start=false, " in (
+        "\n".join(summary)
+    )
+    assert "routes[0] zebra/fx/+/reads -> up/{reader} at QoS 2" in summary
+    assert "routes[1] b/# -> {topic} at QoS 1" in summary
+    assert any(line.startswith("tier-2 buffer 10000 messages / 16777216 bytes") for line in summary)

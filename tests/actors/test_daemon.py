@@ -142,7 +142,8 @@ def gateway_runner(mosquitto, spark_session, tmp_path):
 
 def crash(supervisor, name="packs"):
     """Kill an actor the way a bug would: an exception inside a `tell`."""
-    from persistence.inbound_ledger import Committed, Inbound
+    from actors.connection import Inbound
+    from persistence.inbound_ledger import Committed
 
     bad = {"packs": Committed(records=None), "ledger": Inbound(packet=None, acks=None)}
     supervisor.ref(name).tell(bad[name])

@@ -37,5 +37,13 @@ def wait_until_landed(daemon, data: Path, expected: int, timeout: float = 120.0)
         if state == (expected, 0, 0):
             return
         remaining = deadline - time.monotonic()
-        assert remaining > 0, f"(rows, pending, open batches) = {state} after {timeout} s"
-        daemon.wait_for_log(r"batch \d+ written", timeout=remaining, after=mark)
+        if remaining <= 0:
+            tail = "\n".join(daemon.output().splitlines()[-60:])
+            raise AssertionError(
+                f"(rows, pending, open batches) = {state}, expected {expected} rows, "
+                f"after {timeout} s; daemon log tail:\n{tail}"
+            )
+        try:
+            daemon.wait_for_log(r"batch \d+ written", timeout=remaining, after=mark)
+        except AssertionError:
+            continue  # the deadline check above reports it, with the state

@@ -5,8 +5,9 @@ import pykka
 import pytest
 
 from actors.clock import SimulatedClock
+from actors.connection import Inbound, SessionStarted
 from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
-from persistence.inbound_ledger import Committed, Inbound, InboundLedger, SessionStarted
+from persistence.inbound_ledger import Committed, InboundLedger
 from persistence.keys import message_key
 
 TOPIC = "zebra/fx/fx9600-01/reads"

@@ -8,9 +8,10 @@ import pytest
 
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
+from actors.connection import Inbound
 from actors.mqtt_client import AckSender, InboundPublish
 from actors.pack import Pack, PackSealed
-from persistence.inbound_ledger import Inbound, InboundLedger
+from persistence.inbound_ledger import InboundLedger
 from spark.writer import SparkWriterActor
 
 PAYLOAD = (

@@ -1,0 +1,129 @@
+"""Which reads go upstream, and under which topic: the `[[routes]]` of the configuration.
+
+Pure functions over immutable values, no I/O: the pack and buffer actors call `route_for` and
+`render_target` for every message, and the config loader uses the same checks to report a bad
+route with its key. Topic matching follows MQTT 5 §4.7; the placeholders of a target are
+`{topic}` (the whole source topic), `{reader}` (`spark.zebra.reader_id_from_topic`) and
+`{environment}` (the gateway's environment id).
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spark.zebra import reader_id_from_topic
+
+PLACEHOLDERS = ("topic", "reader", "environment")
+DEFAULT_TARGET = "{topic}"
+MAX_TOPIC_BYTES = 65535  # MQTT 5 §1.5.4: a UTF-8 string has a two-byte length
+
+
+def check_topic_filter(value: str) -> str:
+    """MQTT 5 §4.7: wildcards take a whole level, '#' only the last one; no NUL; ≤ 65535 bytes.
+
+    Returns `value`; raises ValueError saying which rule it breaks.
+    """
+    if not value:
+        raise ValueError("a topic filter must not be empty")
+    if "\x00" in value or len(value.encode("utf-8")) > MAX_TOPIC_BYTES:
+        raise ValueError(f"{value!r} is not a valid MQTT topic filter")
+    levels = value.split("/")
+    for index, level in enumerate(levels):
+        if "#" in level and (level != "#" or index != len(levels) - 1):
+            raise ValueError(f"{value!r}: '#' must be a whole level and the last one")
+        if "+" in level and level != "+":
+            raise ValueError(f"{value!r}: '+' must be a whole level")
+    return value
+
+
+def check_target(template: str) -> str:
+    """A target template: topic-name text with `{topic}`, `{reader}` or `{environment}` in it
+    (`{{` and `}}` stand for literal braces). Returns `template`; raises ValueError."""
+    if not template:
+        raise ValueError("a target topic must not be empty")
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError:
+        raise ValueError(
+            f"{template!r}: unbalanced '{{' or '}}' (write '{{{{' or '}}}}' for a literal brace)"
+        ) from None
+    for literal, name, spec, conversion in parts:
+        # Wildcards are for filters: a PUBLISH topic name holding one is a protocol error
+        # (MQTT 5 §4.7.0), and the broker would drop the connection.
+        if "+" in literal or "#" in literal or "\x00" in literal:
+            raise ValueError(f"{template!r}: a topic name may not contain '+', '#' or NUL")
+        if name is None:
+            continue
+        if name not in PLACEHOLDERS:
+            shown = f"{{{name}}}" if name else "{}"
+            raise ValueError(
+                f"{template!r}: unknown placeholder {shown}; use {{topic}}, {{reader}} or "
+                "{environment}"
+            )
+        if spec or conversion:
+            raise ValueError(f"{template!r}: write {{{name}}} without a format spec or '!'")
+    if template.startswith("$"):
+        # Brokers reserve '$' topics for themselves (MQTT 5 §4.7.2); mosquitto refuses them.
+        raise ValueError(f"{template!r}: a target topic may not start with '$'")
+    return template
+
+
+@dataclass(frozen=True)
+class Route:
+    """One `[[routes]]` entry. `index` is its position in the file, to name it in messages."""
+
+    index: int
+    source: str
+    target: str = DEFAULT_TARGET
+    qos: int = 1
+    persist: bool = True
+
+    def __post_init__(self) -> None:
+        check_topic_filter(self.source)
+        check_target(self.target)
+        if self.qos not in (0, 1, 2):
+            raise ValueError(f"routes[{self.index}].qos must be 0, 1 or 2, got {self.qos!r}")
+
+    @property
+    def effective_qos(self) -> int:
+        """The QoS actually used upstream. HiveMQ Edge's rule: a route that does not persist
+        cannot promise redelivery across a restart, so it must not ask the broker for QoS 1/2."""
+        return self.qos if self.persist else 0
+
+
+def topic_matches(topic_filter: str, topic: str) -> bool:
+    """Whether the topic name `topic` matches the (valid) filter `topic_filter`, MQTT 5 §4.7.
+
+    '+' matches exactly one level (an empty one too); '#' matches the rest, including none
+    ("a/#" matches "a"); a topic starting with '$' is not matched by a filter that starts with a
+    wildcard (§4.7.2), so "#" never catches "$SYS/...".
+    """
+    if topic.startswith("$") and topic_filter[:1] in ("+", "#"):
+        return False
+    filter_levels = topic_filter.split("/")
+    topic_levels = topic.split("/")
+    for index, level in enumerate(filter_levels):
+        if level == "#":
+            return True
+        if index >= len(topic_levels):
+            return False
+        if level != "+" and level != topic_levels[index]:
+            return False
+    return len(filter_levels) == len(topic_levels)
+
+
+def route_for(routes: Sequence[Route], topic: str) -> Route | None:
+    """The first route, in config order, whose source matches `topic`; None: not forwarded."""
+    for route in routes:
+        if topic_matches(route.source, topic):
+            return route
+    return None
+
+
+def render_target(route: Route, topic: str, environment_id: str) -> str:
+    """The upstream topic for a message that arrived on `topic`."""
+    return route.target.format(
+        topic=topic, reader=reader_id_from_topic(topic), environment=environment_id
+    )

@@ -1,0 +1,120 @@
+"""The paho-mqtt client of the upstream connection, with the outbound protocol taken over.
+
+paho 2.2 keeps outbound state only in memory, re-sends everything at once after a reconnect
+(ignoring Receive Maximum), has no hook when PUBREC arrives, and treats a PUBREC or PUBACK with a
+reason code >= 0x80 as success (DESIGN §4). So this client keeps no outbound state at all: the
+outbound ledger allocates packet ids, persists each state before the packet leaves, and sends
+PUBLISH and PUBREL through `send_publish` / `send_pubrel`. Incoming PUBACK, PUBREC and PUBCOMP are
+translated into `OutboundAck` messages, reason code included, for the ledger to judge.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from paho.mqtt import _packet
+from paho.mqtt.client import MQTTMessageInfo
+from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
+from actors.mqtt_client import EpochClient
+
+log = logging.getLogger(__name__)
+
+IDEMPOTENCY_PROPERTY = "fxgate-key"
+
+
+class AckType(enum.Enum):
+    PUBACK = "PUBACK"
+    PUBREC = "PUBREC"
+    PUBCOMP = "PUBCOMP"
+    SENT = "SENT"  # a QoS 0 PUBLISH left the socket: all the acknowledgement QoS 0 gets
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundAck:
+    epoch: int
+    packet_id: int
+    kind: AckType
+    reason_code: int
+    reason: str
+
+    @property
+    def failed(self) -> bool:
+        return self.reason_code >= 0x80
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundPublish:
+    """One PUBLISH as the outbound ledger decided it."""
+
+    packet_id: int
+    topic: str
+    payload: bytes
+    qos: int
+    dup: bool
+    message_key: str
+    expiry_interval: int | None = None
+
+
+class UpstreamClient(EpochClient):
+    def __init__(
+        self, client_id: str, on_ack: Callable[[OutboundAck], None], monotonic: Callable[[], float]
+    ) -> None:
+        super().__init__(client_id, monotonic, manual_ack=False)
+        self._on_ack = on_ack
+        self.on_publish = self._qos0_sent
+
+    def send_publish(self, epoch: int, message: OutboundPublish) -> bool:
+        properties = Properties(PacketTypes.PUBLISH)
+        # Lets a cloud consumer drop the duplicates that QoS 1 allows.
+        properties.UserProperty = (IDEMPOTENCY_PROPERTY, message.message_key)
+        if message.expiry_interval is not None:
+            properties.MessageExpiryInterval = message.expiry_interval
+        return self._on_epoch(
+            epoch,
+            f"PUBLISH {message.packet_id}",
+            lambda: self._send_publish(
+                message.packet_id,
+                message.topic.encode("utf-8"),
+                message.payload,
+                message.qos,
+                False,
+                message.dup,
+                MQTTMessageInfo(message.packet_id),
+                properties,
+            ),
+        )
+
+    def send_pubrel(self, epoch: int, packet_id: int) -> bool:
+        return self._on_epoch(epoch, f"PUBREL {packet_id}", lambda: self._send_pubrel(packet_id))
+
+    # Network thread: translate only.
+
+    def _handle_pubackcomp(self, cmd) -> MQTTErrorCode:
+        decode = _packet.decode_puback if cmd == "PUBACK" else _packet.decode_pubcomp
+        packet = decode(self._in_packet["command"], self._in_packet["packet"], self._protocol)
+        self._on_ack(
+            OutboundAck(
+                self.epoch, packet.mid, AckType(cmd), packet.reason.value, str(packet.reason)
+            )
+        )
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _handle_pubrec(self) -> MQTTErrorCode:
+        packet = _packet.decode_pubrec(
+            self._in_packet["command"], self._in_packet["packet"], self._protocol
+        )
+        self._on_ack(
+            OutboundAck(
+                self.epoch, packet.mid, AckType.PUBREC, packet.reason.value, str(packet.reason)
+            )
+        )
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _qos0_sent(self, _client, _userdata, mid, _reason_code, _properties) -> None:
+        self._on_ack(OutboundAck(self.epoch, mid, AckType.SENT, 0, "Success"))
