@@ -28,6 +28,10 @@ POINTS = frozenset(
         "mid_spark_job",
         # The Spark job succeeded; the ledger does not know yet.
         "after_spark_job_before_mark",
+        # Upstream QoS 2: the broker's PUBREC arrived, not yet recorded (it has our PUBLISH).
+        "after_publish_before_pubrec",
+        # Upstream QoS 2: the broker's PUBCOMP arrived, not yet recorded (it has our PUBREL).
+        "after_pubrec_before_pubcomp",
     }
 )
 

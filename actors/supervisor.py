@@ -20,7 +20,9 @@ from actors.clock import Clock
 from actors.config import Config
 from actors.connection import ConnectionActor, ConnectionSettings
 from actors.pack import PackActor
+from actors.upstream_client import UpstreamClient
 from persistence.inbound_ledger import Committed, InboundLedger
+from persistence.outbound_ledger import OutboundLedger
 from spark.writer import BatchWritten, ReplayBatch, SparkWriterActor
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,38 @@ def source_settings(config: Config, environ=None) -> ConnectionSettings:
         reconnect_max_delay=src.reconnect_max_delay_seconds,
         reconnect_jitter=src.reconnect_jitter,
     )
+
+
+def upstream_settings(config: Config, environ=None) -> ConnectionSettings:
+    up = config.upstream
+    return ConnectionSettings(
+        name="upstream",
+        host=up.host,
+        port=up.port,
+        client_id=config.identity.upstream_client_id,
+        subscriptions=(),
+        username=up.username,
+        password=up.password(os.environ if environ is None else environ),
+        clean_start=up.clean_session,
+        session_expiry_seconds=up.session_expiry_interval_seconds,
+        keepalive_seconds=up.keepalive_seconds,
+        receive_maximum=up.window,
+        auto_reconnect=up.auto_reconnect,
+        reconnect_min_delay=up.reconnect_min_delay_seconds,
+        reconnect_max_delay=up.reconnect_max_delay_seconds,
+        reconnect_jitter=up.reconnect_jitter,
+    )
+
+
+def upstream_client_factory(outbound: pykka.ActorRef):
+    """The upstream client reports every ack to the outbound ledger and is handed to it."""
+
+    def make(client_id: str, monotonic):
+        client = UpstreamClient(client_id, outbound.tell, monotonic)
+        outbound.proxy().set_client(client)
+        return client
+
+    return make
 
 
 def spark_session_factory(config: Config):
@@ -123,10 +157,14 @@ class Supervisor:
                 on_batch=self._on_batch,
                 idempotency_key=cfg.ledger.idempotency_key,
             )
+            # With forwarding, packs go upstream first; acknowledged packs go on to the writer.
+            pack_target = writer
+            if cfg.forwarding:
+                pack_target = self._start_forwarding(ledger, writer)
             pack = self._start(
                 "packs",
                 PackActor,
-                writer,
+                pack_target,
                 self.clock,
                 max_messages=cfg.packs.max_messages,
                 linger_seconds=cfg.packs.linger_seconds,
@@ -142,6 +180,38 @@ class Supervisor:
             self.stop()
             raise
         log.info("fxgate started: %s", ", ".join(name for name, _ in self._actors))
+
+    def _start_forwarding(self, ledger: pykka.ActorRef, writer: pykka.ActorRef) -> pykka.ActorRef:
+        cfg = self.config
+        outbound = self._start(
+            "outbound",
+            OutboundLedger,
+            cfg.gateway.data_path / "outbound.sqlite",
+            self.clock,
+            writer,
+            cfg.routes,
+            cfg.identity.environment_id,
+            durability=cfg.gateway.durability,
+            window=cfg.upstream.window,
+            processing_timeout=cfg.packs.processing_timeout_seconds,
+            ack_strategy=cfg.packs.ack_strategy,
+            retries=cfg.packs.retries,
+            buffer_max_messages=cfg.buffer.max_messages,
+            buffer_max_bytes=cfg.buffer.max_bytes,
+            high_watermark=cfg.buffer.high_watermark,
+            low_watermark=cfg.buffer.low_watermark,
+            source=ledger,
+        )
+        writer.proxy().set_landed_listener(outbound).get(timeout=ASK_TIMEOUT)
+        self._start(
+            "upstream",
+            ConnectionActor,
+            upstream_settings(cfg),
+            self.clock,
+            outbound,
+            client_factory=upstream_client_factory(outbound),
+        )
+        return outbound
 
     def _start(self, name: str, actor_class, *args, **kwargs) -> pykka.ActorRef:
         ref = actor_class.start(*args, **kwargs)

@@ -46,6 +46,10 @@ inbound = Table(
     Column("pack_id", Integer, nullable=True),
     Column("batch_id", Integer, nullable=True),
     Column("landed_time", Float, nullable=True),
+    # Set when forwarding gave up on the message (or it expired): it lands in dead_letters.
+    Column("dead_reason", String, nullable=True),
+    # Wall time after which the message must not be forwarded (MQTT 5 message expiry).
+    Column("expires_at", Float, nullable=True),
     sqlite_autoincrement=True,
 )
 Index("inbound_packet_id", inbound.c.packet_id, sqlite_where=inbound.c.packet_id.isnot(None))

@@ -43,6 +43,8 @@ class LedgerRecord:
     qos: int
     received_time: float
     pack_id: int | None = None
+    dead_reason: str | None = None
+    expires_at: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +67,18 @@ class Recovery:
 @dataclass(frozen=True, slots=True)
 class _Flush:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """Backpressure: stop acknowledging the source (its Receive Maximum then stops the flow)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    reason: str
 
 
 @dataclass
@@ -106,6 +120,8 @@ class InboundLedger(pykka.ThreadingActor):
         # packet id -> (seq, key) of QoS 2 messages whose PUBREL has not come yet.
         self._awaiting_pubrel: dict[int, tuple[int, str]] = {}
         self.counts = {"accepted": 0, "duplicates": 0, "unknown_pubrel": 0, "commits": 0}
+        self._pauses: set[str] = set()
+        self._held_acks: list[tuple[AckSender, int, AckKind, int]] = []
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -158,6 +174,17 @@ class InboundLedger(pykka.ThreadingActor):
             self._on_session(message)
         elif isinstance(message, SessionEnded):
             pass
+        elif isinstance(message, Pause):
+            if message.reason not in self._pauses:
+                log.warning("source paused (%s): holding acknowledgements", message.reason)
+            self._pauses.add(message.reason)
+        elif isinstance(message, Resume):
+            self._pauses.discard(message.reason)
+            if not self._pauses:
+                held, self._held_acks = self._held_acks, []
+                log.info("source resumed (%s): releasing %d held acks", message.reason, len(held))
+                for acks, epoch, kind, packet_id in held:
+                    acks.send_ack(epoch, kind, packet_id)
         else:
             log.warning("inbound ledger ignored %r", message)
 
@@ -211,16 +238,19 @@ class InboundLedger(pykka.ThreadingActor):
     def _insert(self, publish: InboundPublish, key: str) -> int | None:
         assert self._conn is not None
         received = self._clock.wall()
+        expires = None if publish.expiry_interval is None else received + publish.expiry_interval
         result = self._conn.exec_driver_sql(
-            "INSERT INTO inbound (message_key, topic, payload, qos, received_time) "
-            "VALUES (?, ?, ?, ?, ?) ON CONFLICT (message_key) DO NOTHING",
-            (key, publish.topic, publish.payload, publish.qos, received),
+            "INSERT INTO inbound (message_key, topic, payload, qos, received_time, expires_at) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (message_key) DO NOTHING",
+            (key, publish.topic, publish.payload, publish.qos, received, expires),
         )
         if result.rowcount == 0:
             return None
         seq = result.lastrowid
         self._group.records.append(
-            LedgerRecord(seq, key, publish.topic, publish.payload, publish.qos, received)
+            LedgerRecord(
+                seq, key, publish.topic, publish.payload, publish.qos, received, None, None, expires
+            )
         )
         self.counts["accepted"] += 1
         return seq
@@ -270,8 +300,12 @@ class InboundLedger(pykka.ThreadingActor):
         self.counts["commits"] += 1
         if group.acks:
             crash_point("after_ledger_commit_before_ack")
-        for acks, epoch, kind, packet_id in group.acks:
-            acks.send_ack(epoch, kind, packet_id)
+        if self._pauses:
+            # Committed, so safe; unacknowledged, so the broker sends no more than its window.
+            self._held_acks.extend(group.acks)
+        else:
+            for acks, epoch, kind, packet_id in group.acks:
+                acks.send_ack(epoch, kind, packet_id)
         if group.records and self._listener is not None:
             self._listener.tell(Committed(tuple(group.records)))
 
@@ -302,7 +336,17 @@ class InboundLedger(pykka.ThreadingActor):
         assert self._conn is not None
         c = db.inbound.c
         rows = self._conn.execute(
-            select(c.seq, c.message_key, c.topic, c.payload, c.qos, c.received_time, c.pack_id)
+            select(
+                c.seq,
+                c.message_key,
+                c.topic,
+                c.payload,
+                c.qos,
+                c.received_time,
+                c.pack_id,
+                c.dead_reason,
+                c.expires_at,
+            )
             .where(where)
             .order_by(c.seq)
         )
@@ -315,8 +359,14 @@ class InboundLedger(pykka.ThreadingActor):
         ).scalar()
         return int(value or 0)
 
-    def begin_batch(self, packs: Sequence[tuple[int, Sequence[int]]]) -> int:
-        """Record a batch and the packs (pack id, row seqs) it holds, before its Spark job."""
+    def begin_batch(
+        self,
+        packs: Sequence[tuple[int, Sequence[int]]],
+        dead: Sequence[tuple[int, str]] = (),
+    ) -> int:
+        """Record a batch and the packs (pack id, row seqs) it holds, before its Spark job, with
+        the (seq, reason) of messages forwarding gave up on, so a replay rebuilds the same
+        dead letters."""
         assert self._conn is not None
         seqs = sum(len(s) for _, s in packs)
         result = self._conn.execute(
@@ -329,6 +379,11 @@ class InboundLedger(pykka.ThreadingActor):
             "UPDATE inbound SET pack_id = ?, batch_id = ? WHERE seq = ?",
             [(pack_id, batch_id, seq) for pack_id, pack_seqs in packs for seq in pack_seqs],
         )
+        if dead:
+            self._conn.exec_driver_sql(
+                "UPDATE inbound SET dead_reason = ? WHERE seq = ?",
+                [(reason, seq) for seq, reason in dead],
+            )
         self._conn.exec_driver_sql(
             "INSERT INTO counters (name, value) VALUES (?, ?) "
             "ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)",

@@ -121,7 +121,10 @@ def build_batch(
     readers: dict[str, str] = {}
     for record in records:
         received_us = _epoch_micros(record.received_time)
+        forward_failure = getattr(record, "dead_reason", None)
         try:
+            if forward_failure:
+                raise PayloadError(forward_failure, "forwarding upstream gave up on this message")
             reads = parse(record.payload)
         except PayloadError as exc:
             reason, detail = exc.reason, exc.detail

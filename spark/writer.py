@@ -54,6 +54,13 @@ class _Retry:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class Landed:
+    """Told to the forwarder after a batch committed: these rows are in the table for good."""
+
+    seqs: tuple[int, ...]
+
+
 @dataclass(frozen=True)
 class BatchWritten:
     batch_id: int
@@ -79,6 +86,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         idempotency_key: str = "payload_hash",
         table_writer: Callable[[object, Path | str], TableWriter] = TableWriter,
         retry_backoff: Backoff | None = None,
+        landed_listener: pykka.ActorRef | None = None,
     ) -> None:
         super().__init__()
         self._ledger = ledger
@@ -95,6 +103,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._claim_reads = idempotency_key != "payload_hash"
         self._table_writer = table_writer
         self._retry_backoff = retry_backoff or Backoff(1.0, 60.0, 0.25)
+        self._landed_listener = landed_listener
         self._pending: list[Pack] = []
         self._pending_messages = 0
         self._deadline_timer: TimerHandle | None = None
@@ -115,6 +124,10 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._session = self._session_factory()
         self._tables = self._table_writer(self._session, self._tables_dir)
         log.info("spark writer ready: tables in %s", self._tables_dir)
+
+    def set_landed_listener(self, listener: pykka.ActorRef) -> None:
+        """The forwarder, told `Landed` after each commit (wired after both have started)."""
+        self._landed_listener = listener
 
     def on_stop(self) -> None:
         if self._failed is None:
@@ -179,9 +192,11 @@ class SparkWriterActor(pykka.ThreadingActor):
         if not self._pending or self._failed is not None:
             return
         packs, self._pending, self._pending_messages = self._pending, [], 0
-        batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get()
+        records = tuple(r for p in packs for r in p.records)
+        dead = [(r.seq, r.dead_reason) for r in records if r.dead_reason]
+        batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs], dead).get()
         crash_point("after_batch_begin_before_job")
-        self._write(ReplayBatch(batch_id, tuple(r for p in packs for r in p.records)))
+        self._write(ReplayBatch(batch_id, records))
 
     # -- one batch --------------------------------------------------------------------------
 
@@ -209,6 +224,8 @@ class SparkWriterActor(pykka.ThreadingActor):
         crash_point("after_spark_job_before_mark")
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
         self._ledger.commit_batch(batch_id, rows, dead).get()
+        if self._landed_listener is not None:
+            self._landed_listener.tell(Landed(tuple(r.seq for r in records)))
         self.failures = 0
         self._retry_backoff.reset()
         result = BatchWritten(batch_id, len(records), rows, dead, self._clock.monotonic() - started)

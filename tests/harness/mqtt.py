@@ -53,3 +53,49 @@ def publish_all(
     finally:
         client.disconnect()
         client.loop_stop()
+
+
+class Collector:
+    """A persistent-session subscriber that records every message it gets (the cloud side)."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        topic_filter: str,
+        qos: int = 2,
+        client_id: str = "test-collector",
+    ) -> None:
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        self.messages: list[tuple[str, bytes, dict[str, str]]] = []
+        self.cond = threading.Condition()
+        subscribed = threading.Event()
+        self.client = mqtt.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id, protocol=MQTTProtocolVersion.MQTTv5
+        )
+        self.client.on_message = self._on_message
+        self.client.on_subscribe = lambda *_a: subscribed.set()
+        properties = Properties(PacketTypes.CONNECT)
+        properties.SessionExpiryInterval = 3600
+        self.client.connect(host, port, clean_start=False, properties=properties)
+        self.client.loop_start()
+        self.client.subscribe(topic_filter, qos=qos)
+        if not subscribed.wait(10):
+            raise TimeoutError("collector did not subscribe")
+
+    def _on_message(self, _client, _userdata, message) -> None:
+        props = dict(getattr(message.properties, "UserProperty", []) or [])
+        with self.cond:
+            self.messages.append((message.topic, bytes(message.payload), props))
+            self.cond.notify_all()
+
+    def wait_for(self, count: int, timeout: float = 60.0) -> list:
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.messages) >= count, timeout)
+            return list(self.messages)
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()

@@ -1,0 +1,545 @@
+"""OutboundLedger: forwards packs upstream with TBMQ-grade state that survives restarts.
+
+Owns the outbound database (its own SQLite file) and every outbound PUBLISH/PUBREL:
+- a packet id is allocated and (seq, packet id, state) committed *before* the PUBLISH leaves, and
+  the PUBREC state before the PUBREL leaves, so after a crash the same ids are re-sent with DUP
+  (a new id would make the upstream broker deliver twice, DESIGN §3.2);
+- never more in flight than min(the broker's Receive Maximum, `window`), also right after a
+  reconnect (paho alone would re-send everything at once, DESIGN §4);
+- a PUBACK or PUBREC with a reason code >= 0x80 is a failure, never a success;
+- packs follow TBMQ: one pack at a time, acknowledged when every message in it is; after
+  `processing_timeout` RETRY_ALL re-sends what is unacknowledged (DUP) up to `retries` times
+  (0 = unlimited) and SKIP_ALL gives up at once; what is given up on goes to dead_letters;
+- acknowledged packs go on to the Spark writer: the table records what reached upstream.
+
+Packs waiting their turn are the tier-2 buffer (bounded by count and bytes). Past the high
+watermark the source is paused (the inbound ledger stops acknowledging, so the broker's Receive
+Maximum stops the flow) and it resumes below the low watermark; the waiting messages are durable
+in the inbound ledger (tier 1) in any case.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import pykka
+
+from actors.clock import Clock, TimerHandle
+from actors.connection import SessionEnded, SessionStarted
+from actors.crashpoints import crash_point
+from actors.pack import Pack, PackSealed
+from actors.routes import Route, render_target, route_for
+from actors.upstream_client import AckType, OutboundAck, OutboundPublish
+from persistence.database import SYNCHRONOUS
+from persistence.inbound_ledger import LedgerRecord, Pause, Resume
+from spark.writer import Landed
+
+log = logging.getLogger(__name__)
+
+MAX_PACKET_ID = 65535
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS outbound (
+    seq INTEGER PRIMARY KEY,       -- the inbound ledger's row
+    packet_id INTEGER,             -- while in flight
+    state TEXT NOT NULL,           -- publish | pubrel | acked | dead
+    attempts INTEGER NOT NULL DEFAULT 0,
+    reason TEXT
+);
+CREATE INDEX IF NOT EXISTS outbound_packet_id ON outbound (packet_id);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class _PackTimeout:
+    generation: int
+
+
+@dataclass
+class _Entry:
+    record: LedgerRecord
+    message: OutboundPublish | None  # None: not forwarded (no route)
+    state: str = "queued"  # queued | publish | pubrel | acked | dead | failed
+    attempts: int = 0
+    reason: str | None = None
+
+
+@dataclass
+class _PackState:
+    pack: Pack
+    entries: list[_Entry]
+    attempts: int = 0
+    timer: TimerHandle | None = None
+    generation: int = 0
+
+    @property
+    def done(self) -> bool:
+        return all(e.state in ("acked", "dead") for e in self.entries)
+
+
+@dataclass
+class _Stats:
+    forwarded: int = 0
+    failed_acks: int = 0
+    retries: int = 0
+    dead: int = 0
+    resent: int = 0
+    possible_duplicates: int = 0
+    paused: int = 0
+
+
+class OutboundLedger(pykka.ThreadingActor):
+    def __init__(
+        self,
+        path: Path,
+        clock: Clock,
+        writer: pykka.ActorRef,
+        routes: tuple[Route, ...],
+        environment_id: str,
+        *,
+        durability: str = "process",
+        window: int = 20,
+        processing_timeout: float = 20.0,
+        ack_strategy: str = "RETRY_ALL",
+        retries: int = 3,
+        buffer_max_messages: int = 10_000,
+        buffer_max_bytes: int = 16 * 1024 * 1024,
+        high_watermark: float = 0.8,
+        low_watermark: float = 0.5,
+        source: pykka.ActorRef | None = None,
+    ) -> None:
+        super().__init__()
+        self._path = Path(path)
+        self._clock = clock
+        self._writer = writer
+        self._routes = routes
+        self._environment_id = environment_id
+        self._durability = durability
+        self._window_setting = window
+        self._timeout = processing_timeout
+        self._strategy = ack_strategy
+        self._retries = retries
+        self._max_messages = buffer_max_messages
+        self._max_bytes = buffer_max_bytes
+        self._high = high_watermark
+        self._low = low_watermark
+        self._source = source
+        self._client = None
+        self._epoch = 0
+        self._connected = False
+        self._window = window
+        self._queue: deque[Pack] = deque()  # tier 2
+        self._queued_messages = 0
+        self._queued_bytes = 0
+        self._paused = False
+        self._current: _PackState | None = None
+        self._inflight: dict[int, _Entry] = {}
+        self._next_id = 1
+        self._known: dict[int, tuple[str, int | None, int]] = {}  # seq -> (state, id, attempts)
+        # Ids in flight before a restart stay taken until their message is resumed: reusing one
+        # for a new message would make the broker take it for a duplicate and drop it.
+        self._reserved: set[int] = set()
+        self.stats = _Stats()
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        import sqlite3
+
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self._path)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={SYNCHRONOUS[self._durability]}")
+        self._db.executescript(SCHEMA)
+        self._known = {
+            seq: (state, packet_id, attempts)
+            for seq, state, packet_id, attempts in self._db.execute(
+                "SELECT seq, state, packet_id, attempts FROM outbound"
+            )
+        }
+        self._reserved = {
+            packet_id
+            for state, packet_id, _ in self._known.values()
+            if state in ("publish", "pubrel")
+        }
+        in_flight = len(self._reserved)
+        log.info(
+            "outbound ledger open at %s: %d message(s) in flight from before, window %d",
+            self._path,
+            in_flight,
+            self._window_setting,
+        )
+
+    def on_stop(self) -> None:
+        self._db.close()
+        log.info("outbound ledger closed")
+
+    def set_client(self, client) -> None:
+        """The upstream connection's client (an actors.upstream_client.UpstreamClient)."""
+        self._client = client
+
+    def set_source(self, source: pykka.ActorRef) -> None:
+        """Who is told Pause/Resume for backpressure (the inbound ledger)."""
+        self._source = source
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def on_receive(self, message: object) -> None:
+        if isinstance(message, PackSealed):
+            self._enqueue(message.pack)
+        elif isinstance(message, OutboundAck):
+            self._on_ack(message)
+        elif isinstance(message, SessionStarted):
+            self._on_session(message)
+        elif isinstance(message, SessionEnded):
+            if message.epoch == self._epoch:
+                self._connected = False
+        elif isinstance(message, _PackTimeout):
+            self._on_timeout(message)
+        elif isinstance(message, Landed):
+            self._forget(message.seqs)
+        else:
+            log.warning("outbound ledger ignored %r", message)
+
+    # -- tier 2 -----------------------------------------------------------------------------
+
+    def _enqueue(self, pack: Pack) -> None:
+        self._queue.append(pack)
+        self._queued_messages += len(pack.records)
+        self._queued_bytes += sum(len(r.payload) for r in pack.records)
+        self._check_watermarks()
+        self._pump()
+
+    def _dequeue(self) -> Pack:
+        pack = self._queue.popleft()
+        self._queued_messages -= len(pack.records)
+        self._queued_bytes -= sum(len(r.payload) for r in pack.records)
+        self._check_watermarks()
+        return pack
+
+    def _fill(self) -> float:
+        return max(self._queued_messages / self._max_messages, self._queued_bytes / self._max_bytes)
+
+    def _check_watermarks(self) -> None:
+        fill = self._fill()
+        if not self._paused and fill >= self._high:
+            self._paused = True
+            self.stats.paused += 1
+            log.warning(
+                "tier-2 buffer %.0f%% full (%d messages, %d bytes): pausing the source",
+                100 * fill,
+                self._queued_messages,
+                self._queued_bytes,
+            )
+            if self._source is not None:
+                self._source.tell(Pause("tier2"))
+        elif self._paused and fill <= self._low:
+            self._paused = False
+            log.info("tier-2 buffer down to %.0f%%: resuming the source", 100 * fill)
+            if self._source is not None:
+                self._source.tell(Resume("tier2"))
+
+    # -- packs ------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        if self._current is None and self._queue:
+            self._start_pack(self._dequeue())
+        if self._current is None:
+            return
+        if self._current.done:
+            self._finish_pack()
+            self._pump()
+            return
+        self._send_some()
+
+    def _start_pack(self, pack: Pack) -> None:
+        entries = []
+        for record in pack.records:
+            entry = _Entry(record, self._message_for(record))
+            known = self._known.get(record.seq)
+            if entry.message is None:
+                entry.state = "acked"  # nothing to forward: it goes on to the table
+            elif known is not None:
+                state, packet_id, attempts = known
+                entry.attempts = attempts
+                if state in ("publish", "pubrel"):
+                    # In flight when we stopped: the same packet id, re-sent with DUP.
+                    entry.state = state
+                    entry.message = dataclasses.replace(
+                        entry.message, packet_id=packet_id, dup=True
+                    )
+                    self._reserved.discard(packet_id)
+                    self._inflight[packet_id] = entry
+                    entry.reason = "resend"
+                else:
+                    entry.state = state  # acked | dead | failed
+            entries.append(entry)
+        self._current = _PackState(pack, entries)
+        self._arm_timeout()
+        if any(e.reason == "resend" for e in entries) and self._connected:
+            self._resend_inflight()
+
+    def _message_for(self, record: LedgerRecord) -> OutboundPublish | None:
+        route = route_for(self._routes, record.topic)
+        if route is None:
+            return None
+        return OutboundPublish(
+            packet_id=0,
+            topic=render_target(route, record.topic, self._environment_id),
+            payload=record.payload,
+            qos=route.effective_qos,
+            dup=False,
+            message_key=record.message_key,
+        )
+
+    def _finish_pack(self) -> None:
+        current, self._current = self._current, None
+        assert current is not None
+        if current.timer is not None:
+            current.timer.cancel()
+        records = tuple(
+            dataclasses.replace(e.record, dead_reason=e.reason) if e.state == "dead" else e.record
+            for e in current.entries
+        )
+        forwarded = sum(1 for e in current.entries if e.state == "acked" and e.message)
+        self.stats.forwarded += forwarded
+        log.info(
+            "pack %d acknowledged upstream: %d forwarded, %d dead-lettered",
+            current.pack.pack_id,
+            forwarded,
+            sum(1 for e in current.entries if e.state == "dead"),
+        )
+        self._writer.tell(PackSealed(Pack(current.pack.pack_id, records)))
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def _send_some(self) -> None:
+        """Send queued entries of the current pack while the window has room."""
+        if not self._connected or self._client is None or self._current is None:
+            return
+        batch: list[_Entry] = []
+        now = self._clock.wall()
+        for entry in self._current.entries:
+            if len(self._inflight) + len(batch) >= self._window:
+                break
+            if entry.state != "queued":
+                continue  # a refused ("failed") message waits for the pack's retry
+            record = entry.record
+            if record.expires_at is not None and record.expires_at <= now:
+                self._give_up(entry, "expired")
+                continue
+            expiry = None
+            if record.expires_at is not None:
+                expiry = max(1, int(record.expires_at - now))
+            packet_id = self._allocate_id()
+            if packet_id is None:
+                break
+            entry.message = dataclasses.replace(
+                entry.message, packet_id=packet_id, dup=False, expiry_interval=expiry
+            )
+            entry.state = "publish"
+            entry.attempts += 1
+            self._inflight[packet_id] = entry
+            batch.append(entry)
+        if not batch:
+            if self._current.done:
+                self._pump()
+            return
+        # Persist before any of these PUBLISHes can reach the wire.
+        self._db.executemany(
+            "INSERT INTO outbound (seq, packet_id, state, attempts) VALUES (?, ?, 'publish', ?) "
+            "ON CONFLICT (seq) DO UPDATE SET packet_id = excluded.packet_id, "
+            "state = 'publish', attempts = excluded.attempts",
+            [(e.record.seq, e.message.packet_id, e.attempts) for e in batch],
+        )
+        self._db.commit()
+        for entry in batch:
+            # QoS 0 is acknowledged when paho reports it written (AckType.SENT).
+            self._client.send_publish(self._epoch, entry.message)
+
+    def _resend_inflight(self) -> None:
+        """After CONNACK: the messages in flight again, same ids, within the window."""
+        for packet_id, entry in sorted(self._inflight.items(), key=lambda kv: kv[1].record.seq):
+            if entry.state == "pubrel":
+                self._client.send_pubrel(self._epoch, packet_id)
+            else:
+                entry.message = dataclasses.replace(entry.message, dup=True)
+                self._client.send_publish(self._epoch, entry.message)
+            self.stats.resent += 1
+
+    def _allocate_id(self) -> int | None:
+        for _ in range(MAX_PACKET_ID):
+            candidate = self._next_id
+            self._next_id = self._next_id % MAX_PACKET_ID + 1
+            if candidate not in self._inflight and candidate not in self._reserved:
+                return candidate
+        return None
+
+    # -- acknowledgements -------------------------------------------------------------------
+
+    def _on_session(self, message: SessionStarted) -> None:
+        self._epoch = message.epoch
+        self._connected = True
+        self._window = max(1, min(self._window_setting, message.receive_maximum))
+        if not message.session_present:
+            pubrels = [e for e in self._inflight.values() if e.state == "pubrel"]
+            if pubrels:
+                # The broker forgot the exchanges: a PUBREL would vanish. Publish again instead;
+                # the broker may already have delivered these once.
+                log.warning(
+                    "upstream session not present: re-publishing %d message(s) that were "
+                    "awaiting PUBCOMP (possible duplicates downstream)",
+                    len(pubrels),
+                )
+                self.stats.possible_duplicates += len(pubrels)
+                for entry in pubrels:
+                    entry.state = "publish"
+                self._db.executemany(
+                    "UPDATE outbound SET state = 'publish' WHERE seq = ?",
+                    [(e.record.seq,) for e in pubrels],
+                )
+                self._db.commit()
+        if self._inflight:
+            self._resend_inflight()
+        self._pump()
+
+    def _on_ack(self, ack: OutboundAck) -> None:
+        entry = self._inflight.get(ack.packet_id)
+        if entry is None or ack.epoch != self._epoch:
+            log.debug("ignored %s for packet id %d", ack.kind.value, ack.packet_id)
+            return
+        if ack.kind is AckType.PUBREC and not ack.failed:
+            # The broker has the PUBLISH; dying here re-sends it (DUP, same id) after restart.
+            crash_point("after_publish_before_pubrec")
+            entry.state = "pubrel"
+            self._db.execute(
+                "UPDATE outbound SET state = 'pubrel' WHERE seq = ?", (entry.record.seq,)
+            )
+            self._db.commit()
+            self._client.send_pubrel(self._epoch, ack.packet_id)
+            return
+        if ack.kind is AckType.PUBCOMP:
+            # Our PUBREL reached the broker; dying here re-sends the PUBREL after restart.
+            crash_point("after_pubrec_before_pubcomp")
+        del self._inflight[ack.packet_id]
+        if ack.failed and ack.kind is not AckType.PUBCOMP:
+            # 0x97 quota exceeded and friends: the broker did not take the message.
+            self.stats.failed_acks += 1
+            entry.state = "failed"
+            log.warning(
+                "upstream refused packet %d (%s): will retry per %s",
+                ack.packet_id,
+                ack.reason,
+                self._strategy,
+            )
+            self._db.execute(
+                "UPDATE outbound SET state = 'failed', packet_id = NULL WHERE seq = ?",
+                (entry.record.seq,),
+            )
+            self._db.commit()
+        else:
+            # A PUBCOMP is the end of the exchange whatever its code: 0x92 "packet id not
+            # found" means the broker completed it before (our PUBREL was a repeat).
+            entry.state = "acked"
+            self._db.execute(
+                "UPDATE outbound SET state = 'acked', packet_id = NULL WHERE seq = ?",
+                (entry.record.seq,),
+            )
+            self._db.commit()
+        self._pump()
+
+    # -- processing timeout -----------------------------------------------------------------
+
+    def _arm_timeout(self) -> None:
+        current = self._current
+        assert current is not None
+        if current.timer is not None:
+            current.timer.cancel()
+        current.generation += 1
+        generation = current.generation
+        current.timer = self._clock.call_later(
+            self._timeout, lambda: self._tell(_PackTimeout(generation))
+        )
+
+    def _tell(self, message: object) -> None:
+        try:
+            self.actor_ref.tell(message)
+        except pykka.ActorDeadError:
+            pass
+
+    def _on_timeout(self, message: _PackTimeout) -> None:
+        current = self._current
+        if current is None or message.generation != current.generation or current.done:
+            return
+        unacked = [e for e in current.entries if e.state not in ("acked", "dead")]
+        current.attempts += 1
+        exhausted = self._strategy == "SKIP_ALL" or (
+            self._retries and current.attempts > self._retries
+        )
+        log.warning(
+            "pack %d: %d message(s) unacknowledged after %.0f s (attempt %d, %s)",
+            current.pack.pack_id,
+            len(unacked),
+            self._timeout,
+            current.attempts,
+            "giving up" if exhausted else "retrying",
+        )
+        if exhausted:
+            for entry in unacked:
+                if entry.message is not None and entry.message.packet_id in self._inflight:
+                    del self._inflight[entry.message.packet_id]
+                self._give_up(entry, "forward_failed")
+            self._pump()
+            return
+        self.stats.retries += 1
+        for entry in unacked:
+            if entry.state == "failed":
+                entry.state = "queued"
+        if self._connected:
+            # RETRY_ALL: what is in flight goes again with DUP, what failed goes again anew.
+            for entry in unacked:
+                if entry.state in ("publish", "pubrel") and self._client is not None:
+                    if entry.state == "pubrel":
+                        self._client.send_pubrel(self._epoch, entry.message.packet_id)
+                    else:
+                        entry.message = dataclasses.replace(entry.message, dup=True)
+                        self._client.send_publish(self._epoch, entry.message)
+        self._arm_timeout()
+        self._send_some()
+
+    def _give_up(self, entry: _Entry, reason: str) -> None:
+        entry.state = "dead"
+        entry.reason = reason
+        self.stats.dead += 1
+        self._db.execute(
+            "INSERT INTO outbound (seq, packet_id, state, attempts, reason) "
+            "VALUES (?, NULL, 'dead', ?, ?) ON CONFLICT (seq) DO UPDATE SET packet_id = NULL, "
+            "state = 'dead', reason = excluded.reason",
+            (entry.record.seq, entry.attempts, reason),
+        )
+        self._db.commit()
+        log.warning("message %s not forwarded: %s", entry.record.message_key, reason)
+
+    def _forget(self, seqs: tuple[int, ...]) -> None:
+        """Rows in the table for good: their forwarding state is no longer needed."""
+        self._db.executemany("DELETE FROM outbound WHERE seq = ?", [(s,) for s in seqs])
+        self._db.commit()
+        for seq in seqs:
+            self._known.pop(seq, None)
+
+    # -- status -----------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        return {
+            "connected": self._connected,
+            "window": self._window,
+            "in_flight": len(self._inflight),
+            "tier2_messages": self._queued_messages,
+            "tier2_bytes": self._queued_bytes,
+            "paused_source": self._paused,
+            **dataclasses.asdict(self.stats),
+        }
