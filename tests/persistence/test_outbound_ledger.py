@@ -1,5 +1,6 @@
 """Forwarding upstream against two real brokers: source -> fxgate -> upstream, and the table."""
 
+import re
 from collections import Counter
 
 import pytest
@@ -10,6 +11,7 @@ from actors.simulate import expected_read_ids, simulate
 from actors.supervisor import Supervisor
 from actors.upstream_client import IDEMPOTENCY_PROPERTY
 from spark.report import compare, landed_ids_spark
+from tests.harness.checks import wait_until_landed
 from tests.harness.mqtt import Collector
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -85,3 +87,52 @@ def test_every_read_reaches_upstream_once_in_order_and_lands_in_the_table(
         assert compare(expected_read_ids(result.published), ids, readers).exact
     finally:
         cloud.close()
+
+
+PUBLISH_LINE = re.compile(r"Received PUBLISH from (\S+) \(d(\d), q(\d), r\d, m(\d+), '([^']+)'")
+
+
+@pytest.mark.parametrize("point", ["after_publish_before_pubrec", "after_pubrec_before_pubcomp"])
+def test_a_kill_mid_qos2_exchange_upstream_resends_the_same_packet_ids_and_delivers_once(
+    point, mosquitto_factory, daemon_factory, tmp_path
+):
+    source = mosquitto_factory()
+    upstream = mosquitto_factory(debug_log=True)
+    cloud = Collector(upstream.host, upstream.port, "cloud/#", qos=2)
+    data = tmp_path / "data"
+    env = forwarding_environ(source, upstream, data, qos=2)
+    try:
+        doomed = daemon_factory({**env, "FXGATE_CRASH_AT": f"{point}:30"})
+        doomed.wait_for_log(r"source: subscribed", timeout=60)
+        result = simulate(source.host, source.port, readers=2, rate=0, count=200, qos=2)
+        assert doomed.proc.wait(120) == -9, doomed.output()[-3000:]
+        assert doomed.count_logs(f"crash point {point} reached") == 1
+
+        survivor = daemon_factory(env)
+        wait_until_landed(survivor, data, 400)
+        assert survivor.terminate() == 0
+        messages = cloud.wait_for(400)
+    finally:
+        cloud.close()
+
+    keys = Counter(props[IDEMPOTENCY_PROPERTY] for _, _, props in messages)
+    assert keys == Counter(r.message_key for r in result.published)  # each exactly once
+
+    first_sent: dict[int, str] = {}
+    resent = []
+    for client, dup, _qos, mid, topic in PUBLISH_LINE.findall(upstream.output()):
+        if not client.startswith("fxgate-upstream"):
+            continue
+        if dup == "0":
+            first_sent.setdefault(int(mid), topic)
+        else:
+            resent.append((int(mid), topic))
+    if point == "after_publish_before_pubrec":
+        assert resent, "the restart should re-send the unacknowledged PUBLISHes with DUP"
+        for mid, topic in resent:
+            assert first_sent.get(mid) == topic, f"DUP re-send of m{mid} used a new id/topic"
+    else:
+        pubrels = re.findall(
+            r"Received PUBREL from fxgate-upstream\S* \(Mid: (\d+)\)", upstream.output()
+        )
+        assert len(pubrels) > len(set(pubrels)), "the restart should re-send a PUBREL"
