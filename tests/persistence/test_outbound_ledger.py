@@ -136,3 +136,72 @@ def test_a_kill_mid_qos2_exchange_upstream_resends_the_same_packet_ids_and_deliv
             r"Received PUBREL from fxgate-upstream\S* \(Mid: (\d+)\)", upstream.output()
         )
         assert len(pubrels) > len(set(pubrels)), "the restart should re-send a PUBREL"
+
+
+GOOD_READ = (
+    b'{"data": {"idHex": "e2801160600002054cc2096f", "antenna": 1, "eventNum": 7}, '
+    b'"timestamp": "2026-11-21T10:00:00.000+0000"}'
+)
+
+
+def test_a_pubrec_refusing_with_quota_exceeded_is_retried_not_reported_delivered(
+    mosquitto, spark_session, tmp_path
+):
+    from tests.harness.fake_broker import FakeBroker
+    from tests.harness.mqtt import publish_all
+
+    with FakeBroker() as fake:
+        fake.reply_publish([0x97])
+        environ = forwarding_environ(
+            mosquitto,
+            fake,
+            tmp_path / "data",
+            qos=2,
+            FXGATE__PACKS__PROCESSING_TIMEOUT_SECONDS="1",
+        )
+        config = load_config(None, environ=environ, hostname="gw-test")
+        clock = RealClock()
+        gateway = Supervisor(config, clock, session_factory=lambda: spark_session)
+        gateway.start()
+        try:
+            assert mosquitto.wait_for_output("fxgate-local-gw-test-gw-test 2 zebra/fx", 15)
+            publish_all(mosquitto.host, mosquitto.port, [("zebra/fx/fx9600-05/reads", GOOD_READ)])
+            assert fake.wait_for(lambda f: len(f.received) >= 2, 30)
+            assert gateway.wait_for_landed(1, timeout=60)
+            stats = gateway.ref("outbound").proxy().status().get(timeout=5)
+        finally:
+            gateway.stop()
+            clock.close()
+        refused, accepted = fake.received[:2]
+        assert refused.payload == accepted.payload == GOOD_READ
+        assert (
+            dict(refused.user_properties)[IDEMPOTENCY_PROPERTY]
+            == dict(accepted.user_properties)[IDEMPOTENCY_PROPERTY]
+        )
+        # No PUBREL for the refused exchange (it ended at the 0x97 PUBREC); one for the retry.
+        assert [pid for _, pid in fake.pubrels] == [accepted.packet_id]
+        assert stats["failed_acks"] == 1
+        assert stats["retries"] >= 1
+
+
+def test_reads_wait_through_an_upstream_outage_and_arrive_once_in_order(
+    forwarding_gateway, brokers, spark_session
+):
+    source, upstream = brokers
+    cloud = Collector(upstream.host, upstream.port, "cloud/#", qos=1)
+    try:
+        gateway = forwarding_gateway(qos=1)
+        upstream.stop()
+        result = simulate(source.host, source.port, readers=2, rate=0, count=300, qos=1)
+        assert gateway.rows_written == 0  # nothing reached upstream, so nothing is in the table
+        upstream.start()
+        messages = cloud.wait_for(600, timeout=90)
+        keys = [props[IDEMPOTENCY_PROPERTY] for _, _, props in messages]
+        assert Counter(keys) == Counter(r.message_key for r in result.published)
+        for reader in ("fx9600-01", "fx9600-02"):
+            sent = [r.message_key for r in result.published if reader in r.topic]
+            got = [props[IDEMPOTENCY_PROPERTY] for t, _, props in messages if t.endswith(reader)]
+            assert got == sent
+        assert gateway.wait_for_landed(600, timeout=60)
+    finally:
+        cloud.close()
