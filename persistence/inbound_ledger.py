@@ -352,6 +352,10 @@ class InboundLedger(pykka.ThreadingActor):
         )
         return tuple(LedgerRecord(*row) for row in rows)
 
+    def records(self, seqs: Sequence[int]) -> tuple[LedgerRecord, ...]:
+        """Stored rows by seq, in seq order: how tier 1 is read back by the forwarder."""
+        return self._records(db.inbound.c.seq.in_(list(seqs)))
+
     def _counter(self, name: str) -> int:
         assert self._conn is not None
         value = self._conn.exec_driver_sql(

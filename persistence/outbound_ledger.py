@@ -133,6 +133,9 @@ class OutboundLedger(pykka.ThreadingActor):
         self._connected = False
         self._window = window
         self._queue: deque[Pack] = deque()  # tier 2
+        # Packs that found tier 2 full: only their ids are kept; their rows wait in the inbound
+        # ledger (tier 1) and are read back, in order, once tier 2 has room.
+        self._spilled: deque[tuple[int, tuple[int, ...]]] = deque()
         self._queued_messages = 0
         self._queued_bytes = 0
         self._paused = False
@@ -208,11 +211,31 @@ class OutboundLedger(pykka.ThreadingActor):
     # -- tier 2 -----------------------------------------------------------------------------
 
     def _enqueue(self, pack: Pack) -> None:
-        self._queue.append(pack)
-        self._queued_messages += len(pack.records)
-        self._queued_bytes += sum(len(r.payload) for r in pack.records)
+        size = sum(len(r.payload) for r in pack.records)
+        full = (
+            self._queued_messages + len(pack.records) > self._max_messages
+            or self._queued_bytes + size > self._max_bytes
+        )
+        if self._spilled or full:
+            if not self._spilled:
+                log.warning("tier-2 buffer full: further packs wait in tier 1 (the ledger)")
+            self._spilled.append((pack.pack_id, pack.seqs))
+        else:
+            self._queue.append(pack)
+            self._queued_messages += len(pack.records)
+            self._queued_bytes += size
         self._check_watermarks()
         self._pump()
+
+    def _refill(self) -> None:
+        """Read spilled packs back from tier 1 while tier 2 is at or below its low watermark."""
+        while self._spilled and self._fill() <= self._low:
+            pack_id, seqs = self._spilled.popleft()
+            records = self._source.proxy().records(seqs).get(timeout=30)
+            pack = Pack(pack_id, tuple(dataclasses.replace(r, pack_id=pack_id) for r in records))
+            self._queue.append(pack)
+            self._queued_messages += len(pack.records)
+            self._queued_bytes += sum(len(r.payload) for r in pack.records)
 
     def _dequeue(self) -> Pack:
         pack = self._queue.popleft()
@@ -246,6 +269,7 @@ class OutboundLedger(pykka.ThreadingActor):
     # -- packs ------------------------------------------------------------------------------
 
     def _pump(self) -> None:
+        self._refill()
         if self._current is None and self._queue:
             self._start_pack(self._dequeue())
         if self._current is None:
@@ -540,6 +564,7 @@ class OutboundLedger(pykka.ThreadingActor):
             "in_flight": len(self._inflight),
             "tier2_messages": self._queued_messages,
             "tier2_bytes": self._queued_bytes,
+            "tier1_waiting_packs": len(self._spilled),
             "paused_source": self._paused,
             **dataclasses.asdict(self.stats),
         }

@@ -1,15 +1,21 @@
 """Forwarding upstream against two real brokers: source -> fxgate -> upstream, and the table."""
 
 import re
+import threading
 from collections import Counter
 
 import pytest
 
-from actors.clock import RealClock
+from actors.clock import RealClock, SimulatedClock
 from actors.config import load_config
+from actors.connection import SessionStarted
+from actors.pack import Pack, PackSealed
+from actors.routes import Route
 from actors.simulate import expected_read_ids, simulate
 from actors.supervisor import Supervisor
-from actors.upstream_client import IDEMPOTENCY_PROPERTY
+from actors.upstream_client import IDEMPOTENCY_PROPERTY, AckType, OutboundAck
+from persistence.inbound_ledger import LedgerRecord
+from persistence.outbound_ledger import OutboundLedger
 from spark.report import compare, landed_ids_spark
 from tests.harness.checks import wait_until_landed
 from tests.harness.mqtt import Collector
@@ -205,3 +211,118 @@ def test_reads_wait_through_an_upstream_outage_and_arrive_once_in_order(
         assert gateway.wait_for_landed(600, timeout=60)
     finally:
         cloud.close()
+
+
+class Inbox:
+    def __init__(self):
+        self.messages = []
+        self.cond = threading.Condition()
+
+    def tell(self, message):
+        with self.cond:
+            self.messages.append(message)
+            self.cond.notify_all()
+
+    def wait_for(self, predicate, timeout=10):
+        with self.cond:
+            assert self.cond.wait_for(lambda: predicate(self.messages), timeout), self.messages
+            return list(self.messages)
+
+
+class AckingClient:
+    """Stands in for the upstream client: every PUBLISH is PUBACKed at once."""
+
+    def __init__(self):
+        self.actor = None
+        self.sent = []
+
+    def send_publish(self, epoch, message):
+        self.sent.append(message)
+        self.actor.tell(OutboundAck(epoch, message.packet_id, AckType.PUBACK, 0, "Success"))
+        return True
+
+    def send_pubrel(self, epoch, packet_id):
+        return True
+
+
+def packs_of(count, size, start=1):
+    seq = start
+    for pack_id in range(count):
+        records = []
+        for _ in range(size):
+            records.append(
+                LedgerRecord(seq, f"k{seq}", "zebra/fx/r1/reads", b"x" * 100, 1, 0.0, pack_id)
+            )
+            seq += 1
+        yield Pack(pack_id, tuple(records))
+
+
+class FakeInbound(Inbox):
+    """The inbound ledger as the forwarder sees it: Pause/Resume, and tier-1 reads by seq."""
+
+    def __init__(self, records):
+        super().__init__()
+        self.by_seq = {r.seq: r for r in records}
+        self.reads = 0
+
+    def proxy(self):
+        return self
+
+    def records(self, seqs):
+        self.reads += 1
+        found = tuple(self.by_seq[s] for s in seqs)
+
+        class Done:
+            def get(self, timeout=None):
+                return found
+
+        return Done()
+
+
+def test_a_long_outage_keeps_tier2_within_its_caps_and_pauses_and_resumes_the_source(tmp_path):
+    clock = SimulatedClock()
+    packs = list(packs_of(14, 10))
+    writer = Inbox()
+    source = FakeInbound([r for p in packs for r in p.records])
+    outbound = OutboundLedger.start(
+        tmp_path / "outbound.sqlite",
+        clock,
+        writer,
+        (Route(0, "zebra/fx/+/reads"),),
+        "env",
+        buffer_max_messages=100,
+        buffer_max_bytes=10**6,
+        high_watermark=0.8,
+        low_watermark=0.5,
+        processing_timeout=20.0,
+        source=source,
+    )
+    try:
+        fills = []
+        for pack in packs:
+            outbound.tell(PackSealed(pack))
+            fills.append(outbound.proxy().status().get(timeout=5)["tier2_messages"])
+        # The first pack went in flight (not sent: no connection); 80 queued pauses the source;
+        # past 100 the rest waits in tier 1 with only its ids in memory.
+        assert max(fills) == 100
+        assert [type(m).__name__ for m in source.messages] == ["Pause"]
+        # An hour of outage on the clock: pack timeouts come and go, nothing is lost or sent.
+        for _ in range(180):
+            clock.advance(20.0)
+        status = outbound.proxy().status().get(timeout=5)
+        assert (status["tier2_messages"], status["tier1_waiting_packs"]) == (100, 3)
+
+        client = AckingClient()
+        client.actor = outbound
+        outbound.proxy().set_client(client).get(timeout=5)
+        outbound.tell(SessionStarted(epoch=1, session_present=True, receive_maximum=20))
+        acknowledged = writer.wait_for(lambda m: len(m) == 14)
+        assert [m.pack.pack_id for m in acknowledged] == list(range(14))
+        assert [type(m).__name__ for m in source.wait_for(lambda m: len(m) == 2)] == [
+            "Pause",
+            "Resume",
+        ]
+        assert [m.message_key for m in client.sent] == [f"k{s}" for s in range(1, 141)]
+        assert source.reads == 3
+    finally:
+        outbound.stop()
