@@ -95,7 +95,9 @@ def test_every_read_reaches_upstream_once_in_order_and_lands_in_the_table(
         cloud.close()
 
 
-PUBLISH_LINE = re.compile(r"Received PUBLISH from (\S+) \(d(\d), q(\d), r\d, m(\d+), '([^']+)'")
+PUBLISH_LINE = re.compile(
+    r"Received PUBLISH from (\S+) \(d(\d), q\d, r\d, m(\d+), '([^']+)', \.\.\. \((\d+) bytes\)"
+)
 
 
 @pytest.mark.parametrize("point", ["after_publish_before_pubrec", "after_pubrec_before_pubcomp"])
@@ -124,19 +126,25 @@ def test_a_kill_mid_qos2_exchange_upstream_resends_the_same_packet_ids_and_deliv
     keys = Counter(props[IDEMPOTENCY_PROPERTY] for _, _, props in messages)
     assert keys == Counter(r.message_key for r in result.published)  # each exactly once
 
-    first_sent: dict[int, str] = {}
+    # Scan the broker's log in order: a DUP re-send must carry the id (and the topic and size)
+    # of the latest original PUBLISH with that id; ids are reused over a run.
+    latest: dict[int, tuple[str, str]] = {}
     resent = []
-    for client, dup, _qos, mid, topic in PUBLISH_LINE.findall(upstream.output()):
+    for client, dup, mid, topic, size in PUBLISH_LINE.findall(upstream.output()):
         if not client.startswith("fxgate-upstream"):
             continue
         if dup == "0":
-            first_sent.setdefault(int(mid), topic)
+            latest[int(mid)] = (topic, size)
         else:
-            resent.append((int(mid), topic))
+            resent.append((int(mid), (topic, size), latest.get(int(mid))))
     if point == "after_publish_before_pubrec":
         assert resent, "the restart should re-send the unacknowledged PUBLISHes with DUP"
-        for mid, topic in resent:
-            assert first_sent.get(mid) == topic, f"DUP re-send of m{mid} used a new id/topic"
+        # A re-send whose original died in our socket buffer reaches the broker first as DUP;
+        # any the broker had seen must come back under the same id.
+        seen_before = [(mid, message, original) for mid, message, original in resent if original]
+        assert seen_before, "no re-send of a PUBLISH the broker had already received"
+        for mid, message, original in seen_before:
+            assert message == original, f"DUP re-send of m{mid} is not the message first sent"
     else:
         pubrels = re.findall(
             r"Received PUBREL from fxgate-upstream\S* \(Mid: (\d+)\)", upstream.output()
