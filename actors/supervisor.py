@@ -156,6 +156,8 @@ class Supervisor:
                 processing_timeout=cfg.packs.processing_timeout_seconds,
                 on_batch=self._on_batch,
                 idempotency_key=cfg.ledger.idempotency_key,
+                backlog_high=cfg.spark.backlog_high_messages,
+                backlog_low=cfg.spark.backlog_low_messages,
             )
             # With forwarding, packs go upstream first; acknowledged packs go on to the writer.
             pack_target = writer
@@ -201,6 +203,8 @@ class Supervisor:
             high_watermark=cfg.buffer.high_watermark,
             low_watermark=cfg.buffer.low_watermark,
             source=ledger,
+            overflow=cfg.buffer.overflow,
+            persist_qos0=cfg.buffer.persist_qos0,
         )
         writer.proxy().set_landed_listener(outbound).get(timeout=ASK_TIMEOUT)
         self._start(

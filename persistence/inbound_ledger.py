@@ -448,4 +448,6 @@ class InboundLedger(pykka.ThreadingActor):
             **self.counts,
             "pending": pending,
             "awaiting_pubrel": len(self._awaiting_pubrel),
+            "held_acks": len(self._held_acks),
+            "paused_by": sorted(self._pauses),
         }

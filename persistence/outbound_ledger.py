@@ -90,6 +90,7 @@ class _Stats:
     resent: int = 0
     possible_duplicates: int = 0
     paused: int = 0
+    dropped_qos0: int = 0
 
 
 class OutboundLedger(pykka.ThreadingActor):
@@ -111,6 +112,8 @@ class OutboundLedger(pykka.ThreadingActor):
         high_watermark: float = 0.8,
         low_watermark: float = 0.5,
         source: pykka.ActorRef | None = None,
+        overflow: str = "drop_oldest",
+        persist_qos0: bool = False,
     ) -> None:
         super().__init__()
         self._path = Path(path)
@@ -128,6 +131,8 @@ class OutboundLedger(pykka.ThreadingActor):
         self._high = high_watermark
         self._low = low_watermark
         self._source = source
+        self._overflow = overflow
+        self._persist_qos0 = persist_qos0
         self._client = None
         self._epoch = 0
         self._connected = False
@@ -210,12 +215,49 @@ class OutboundLedger(pykka.ThreadingActor):
 
     # -- tier 2 -----------------------------------------------------------------------------
 
-    def _enqueue(self, pack: Pack) -> None:
+    def _room_for(self, pack: Pack) -> bool:
         size = sum(len(r.payload) for r in pack.records)
-        full = (
-            self._queued_messages + len(pack.records) > self._max_messages
-            or self._queued_bytes + size > self._max_bytes
+        return (
+            self._queued_messages + len(pack.records) <= self._max_messages
+            and self._queued_bytes + size <= self._max_bytes
         )
+
+    def _droppable(self, pack: Pack) -> bool:
+        """QoS 0 only (as forwarded) and not to be persisted: at-most-once may be dropped."""
+        if self._persist_qos0:
+            return False
+        messages = [self._message_for(r) for r in pack.records]
+        return any(messages) and all(m is None or m.qos == 0 for m in messages)
+
+    def _drop(self, pack: Pack) -> None:
+        """Give up a QoS 0 pack at a full tier 2: counted, and recorded as dead letters."""
+        dropped = 0
+        records = []
+        for record in pack.records:
+            if self._message_for(record) is None:
+                records.append(record)
+            else:
+                records.append(dataclasses.replace(record, dead_reason="overflow_dropped"))
+                dropped += 1
+        self.stats.dropped_qos0 += dropped
+        log.warning("tier-2 buffer full: dropped %d QoS 0 message(s) (%s)", dropped, self._overflow)
+        self._writer.tell(PackSealed(Pack(pack.pack_id, tuple(records))))
+
+    def _enqueue(self, pack: Pack) -> None:
+        if not self._room_for(pack) and self._droppable(pack):
+            if self._overflow == "drop_new":
+                self._drop(pack)
+                return
+            while not self._room_for(pack):
+                oldest = next((p for p in self._queue if self._droppable(p)), None)
+                if oldest is None:
+                    break
+                self._queue.remove(oldest)
+                self._queued_messages -= len(oldest.records)
+                self._queued_bytes -= sum(len(r.payload) for r in oldest.records)
+                self._drop(oldest)
+        size = sum(len(r.payload) for r in pack.records)
+        full = not self._room_for(pack)
         if self._spilled or full:
             if not self._spilled:
                 log.warning("tier-2 buffer full: further packs wait in tier 1 (the ledger)")
@@ -348,7 +390,7 @@ class OutboundLedger(pykka.ThreadingActor):
         batch: list[_Entry] = []
         now = self._clock.wall()
         for entry in self._current.entries:
-            if len(self._inflight) + len(batch) >= self._window:
+            if len(self._inflight) >= self._window:  # batch entries are in _inflight already
                 break
             if entry.state != "queued":
                 continue  # a refused ("failed") message waits for the pack's retry

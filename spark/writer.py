@@ -27,7 +27,7 @@ from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.crashpoints import crash_point, crash_soon
 from actors.pack import Pack, PackSealed
-from persistence.inbound_ledger import LedgerRecord
+from persistence.inbound_ledger import LedgerRecord, Pause, Resume
 from persistence.keys import READ_KEYS
 from spark.schema import build_batch
 from spark.tables import DEAD_LETTERS, READS, TableWriter, clean_staging
@@ -87,6 +87,8 @@ class SparkWriterActor(pykka.ThreadingActor):
         table_writer: Callable[[object, Path | str], TableWriter] = TableWriter,
         retry_backoff: Backoff | None = None,
         landed_listener: pykka.ActorRef | None = None,
+        backlog_high: int = 100_000,
+        backlog_low: int = 50_000,
     ) -> None:
         super().__init__()
         self._ledger = ledger
@@ -104,6 +106,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._table_writer = table_writer
         self._retry_backoff = retry_backoff or Backoff(1.0, 60.0, 0.25)
         self._landed_listener = landed_listener
+        self._backlog_high = backlog_high
+        self._backlog_low = backlog_low
+        self._backlog_paused = False
         self._pending: list[Pack] = []
         self._pending_messages = 0
         self._deadline_timer: TimerHandle | None = None
@@ -153,6 +158,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         if isinstance(message, PackSealed):
             self._pending.append(message.pack)
             self._pending_messages += len(message.pack.records)
+            self._check_backlog()
             if self._pending_messages >= self._batch_max_rows:
                 self._flush()
             elif self._deadline_timer is None:
@@ -184,6 +190,18 @@ class SparkWriterActor(pykka.ThreadingActor):
         except pykka.ActorDeadError:
             pass
 
+    def _check_backlog(self) -> None:
+        """Past `backlog_high` messages waiting (Spark slow or failing), stop acknowledging the
+        source until the backlog is down to `backlog_low`: memory stays bounded."""
+        if not self._backlog_paused and self._pending_messages >= self._backlog_high:
+            self._backlog_paused = True
+            log.warning("%d messages wait for Spark: pausing the source", self._pending_messages)
+            self._ledger.actor_ref.tell(Pause("writer-backlog"))
+        elif self._backlog_paused and self._pending_messages <= self._backlog_low:
+            self._backlog_paused = False
+            log.info("Spark backlog down to %d messages: resuming", self._pending_messages)
+            self._ledger.actor_ref.tell(Resume("writer-backlog"))
+
     def _flush(self) -> None:
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
@@ -192,6 +210,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         if not self._pending or self._failed is not None:
             return
         packs, self._pending, self._pending_messages = self._pending, [], 0
+        self._check_backlog()
         records = tuple(r for p in packs for r in p.records)
         dead = [(r.seq, r.dead_reason) for r in records if r.dead_reason]
         batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs], dead).get()

@@ -334,3 +334,150 @@ def test_a_long_outage_keeps_tier2_within_its_caps_and_pauses_and_resumes_the_so
         assert source.reads == 3
     finally:
         outbound.stop()
+
+
+class ScriptedClient:
+    """An upstream client that records what it is asked to send and answers as scripted:
+    answer = None (never), "PUBACK", "PUBREC"."""
+
+    def __init__(self, answer=None):
+        self.actor = None
+        self.answer = answer
+        self.sent = []  # ("PUBLISH", packet_id, dup, message_key, expiry) | ("PUBREL", packet_id)
+        self.cond = threading.Condition()
+
+    def send_publish(self, epoch, message):
+        with self.cond:
+            self.sent.append(
+                (
+                    "PUBLISH",
+                    message.packet_id,
+                    message.dup,
+                    message.message_key,
+                    message.expiry_interval,
+                )
+            )
+            self.cond.notify_all()
+        if self.answer:
+            kind = AckType.PUBACK if self.answer == "PUBACK" else AckType.PUBREC
+            self.actor.tell(OutboundAck(epoch, message.packet_id, kind, 0, "Success"))
+        return True
+
+    def send_pubrel(self, epoch, packet_id):
+        with self.cond:
+            self.sent.append(("PUBREL", packet_id))
+            self.cond.notify_all()
+        return True
+
+    def wait_sent(self, count, timeout=10):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.sent) >= count, timeout), self.sent
+            return list(self.sent)
+
+
+@pytest.fixture
+def outbound_with(tmp_path):
+    started = []
+
+    def start(client=None, qos=1, packs=(), connected=True, receive_maximum=65535, **options):
+        clock = SimulatedClock()
+        writer = Inbox()
+        options.setdefault("processing_timeout", 20.0)
+        ref = OutboundLedger.start(
+            tmp_path / "outbound.sqlite",
+            clock,
+            writer,
+            (Route(0, "zebra/fx/+/reads", qos=qos),),
+            "env",
+            source=Inbox(),
+            **options,
+        )
+        started.append(ref)
+        if client is not None:
+            client.actor = ref
+            ref.proxy().set_client(client).get(timeout=5)
+        if connected:
+            ref.tell(SessionStarted(1, True, receive_maximum))
+        for pack in packs:
+            ref.tell(PackSealed(pack))
+        return ref, clock, writer
+
+    yield start
+    for ref in started:
+        ref.stop()
+
+
+def test_no_more_than_the_brokers_receive_maximum_is_ever_in_flight(outbound_with):
+    client = ScriptedClient(answer=None)
+    ref, _, _ = outbound_with(client, packs=packs_of(1, 50), receive_maximum=5)
+    client.wait_sent(5)
+    assert ref.proxy().status().get(timeout=5)["in_flight"] == 5
+    assert len(client.sent) == 5
+
+
+def test_retry_all_resends_the_unacknowledged_with_the_same_ids_then_dead_letters_them(
+    outbound_with,
+):
+    client = ScriptedClient(answer=None)
+    ref, clock, writer = outbound_with(client, packs=packs_of(1, 2), retries=3)
+    first = client.wait_sent(2)
+    for attempt in range(3):
+        assert clock.wait_for_timers(1)
+        clock.advance(20.0)
+        again = client.wait_sent(2 * (attempt + 2))[-2:]
+        assert [(p, d) for _, p, d, *_ in again] == [(p, True) for _, p, _d, *_ in first]
+    clock.advance(20.0)
+    (sealed,) = writer.wait_for(lambda m: len(m) == 1)
+    assert [r.dead_reason for r in sealed.pack.records] == ["forward_failed"] * 2
+    assert ref.proxy().status().get(timeout=5)["dead"] == 2
+
+
+def test_skip_all_dead_letters_what_is_unacknowledged_at_the_first_timeout(outbound_with):
+    client = ScriptedClient(answer=None)
+    _, clock, writer = outbound_with(client, packs=packs_of(1, 3), ack_strategy="SKIP_ALL")
+    client.wait_sent(3)
+    assert clock.wait_for_timers(1)
+    clock.advance(20.0)
+    (sealed,) = writer.wait_for(lambda m: len(m) == 1)
+    assert {r.dead_reason for r in sealed.pack.records} == {"forward_failed"}
+    assert len(client.sent) == 3  # nothing re-sent
+
+
+def test_an_expired_message_is_not_forwarded_and_the_rest_carries_its_remaining_interval(
+    outbound_with,
+):
+    client = ScriptedClient(answer="PUBACK")
+    clock_now = SimulatedClock().wall()  # both clocks start at the same wall time
+    expired = LedgerRecord(1, "old", "zebra/fx/r1/reads", b"x", 1, 0.0, 0, None, clock_now - 1)
+    fresh = LedgerRecord(2, "new", "zebra/fx/r1/reads", b"y", 1, 0.0, 0, None, clock_now + 30)
+    _, _, writer = outbound_with(client, packs=[Pack(0, (expired, fresh))])
+    (sealed,) = writer.wait_for(lambda m: len(m) == 1)
+    assert [r.dead_reason for r in sealed.pack.records] == ["expired", None]
+    assert [(key, expiry) for _, _, _, key, expiry in client.sent] == [("new", 30)]
+
+
+def test_without_a_session_pending_pubrels_become_publishes_again(outbound_with):
+    client = ScriptedClient(answer="PUBREC")
+    ref, _, _ = outbound_with(client, qos=2, packs=packs_of(1, 1))
+    assert [kind for kind, *_ in client.wait_sent(2)] == ["PUBLISH", "PUBREL"]
+    ref.tell(SessionStarted(2, session_present=False, receive_maximum=65535))
+    sent = client.wait_sent(3)
+    assert sent[2][0] == "PUBLISH" and sent[2][3] == "k1"
+    assert ref.proxy().status().get(timeout=5)["possible_duplicates"] == 1
+
+
+@pytest.mark.parametrize(("overflow", "kept"), [("drop_new", [0, 1]), ("drop_oldest", [0, 2])])
+def test_a_full_tier2_drops_qos0_by_policy_and_counts_every_drop(outbound_with, overflow, kept):
+    # Disconnected: pack 0 goes in flight, tier 2 holds one pack of 10, the third overflows.
+    ref, _, writer = outbound_with(
+        None,
+        qos=0,
+        connected=False,
+        packs=packs_of(3, 10),
+        overflow=overflow,
+        buffer_max_messages=10,
+    )
+    (dropped,) = writer.wait_for(lambda m: len(m) == 1)
+    assert {r.dead_reason for r in dropped.pack.records} == {"overflow_dropped"}
+    assert dropped.pack.pack_id not in kept
+    assert ref.proxy().status().get(timeout=5)["dropped_qos0"] == 10
