@@ -307,7 +307,11 @@ class InboundLedger(pykka.ThreadingActor):
             for acks, epoch, kind, packet_id in group.acks:
                 acks.send_ack(epoch, kind, packet_id)
         if group.records and self._listener is not None:
-            self._listener.tell(Committed(tuple(group.records)))
+            try:
+                self._listener.tell(Committed(tuple(group.records)))
+            except pykka.ActorDeadError:
+                # Shutting down: the rows are committed and the next start packs them.
+                log.info("%d committed message(s) left for the next start", len(group.records))
 
     # -- batches (asked by the Spark writer) ------------------------------------------------
 

@@ -47,3 +47,17 @@ def wait_until_landed(daemon, data: Path, expected: int, timeout: float = 120.0)
             daemon.wait_for_log(r"batch \d+ written", timeout=remaining, after=mark)
         except AssertionError:
             continue  # the deadline check above reports it, with the state
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
+    """Re-check `predicate` until it holds or `timeout` passes: for state that only an actor's
+    answer can show (no event to wait on). Returns whether it held."""
+    import threading
+
+    deadline = time.monotonic() + timeout
+    pause = threading.Event()
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        pause.wait(interval)
+    return True

@@ -70,6 +70,7 @@ class Collector:
         from paho.mqtt.properties import Properties
 
         self.messages: list[tuple[str, bytes, dict[str, str]]] = []
+        self.qos_seen: set[int] = set()
         self.cond = threading.Condition()
         subscribed = threading.Event()
         self.client = mqtt.Client(
@@ -88,6 +89,7 @@ class Collector:
     def _on_message(self, _client, _userdata, message) -> None:
         props = dict(getattr(message.properties, "UserProperty", []) or [])
         with self.cond:
+            self.qos_seen.add(message.qos)
             self.messages.append((message.topic, bytes(message.payload), props))
             self.cond.notify_all()
 

@@ -17,7 +17,7 @@ from actors.upstream_client import IDEMPOTENCY_PROPERTY, AckType, OutboundAck
 from persistence.inbound_ledger import LedgerRecord
 from persistence.outbound_ledger import OutboundLedger
 from spark.report import compare, landed_ids_spark
-from tests.harness.checks import wait_until_landed
+from tests.harness.checks import wait_until, wait_until_landed
 from tests.harness.mqtt import Collector
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -481,3 +481,102 @@ def test_a_full_tier2_drops_qos0_by_policy_and_counts_every_drop(outbound_with, 
     assert {r.dead_reason for r in dropped.pack.records} == {"overflow_dropped"}
     assert dropped.pack.pack_id not in kept
     assert ref.proxy().status().get(timeout=5)["dropped_qos0"] == 10
+
+
+def test_persist_false_downgrades_to_qos0_with_a_warning_and_still_delivers(
+    forwarding_gateway, brokers, caplog
+):
+    source, upstream = brokers
+    cloud = Collector(upstream.host, upstream.port, "cloud/#", qos=2)
+    try:
+        forwarding_gateway(qos=2, FXGATE__ROUTES__0__PERSIST="false")
+        assert "persist = false downgrades QoS 2 to 0" in caplog.text
+        result = simulate(source.host, source.port, readers=1, rate=0, count=50, qos=1)
+        messages = cloud.wait_for(50)
+        assert len(messages) == 50
+        assert cloud.qos_seen == {0}
+        assert len(result.published) == 50
+    finally:
+        cloud.close()
+
+
+def test_the_flapping_sequence_delivers_m2_m3_m4_in_order_each_once_at_qos2(
+    brokers, spark_session, tmp_path
+):
+    """HiveMQ Edge's flapping case: M1 acked, M2 sent then cut before its ack, M3 buffered while
+    down, M4 new after the reconnect."""
+    from tests.harness.mqtt import publish_all
+    from tests.harness.proxy import FaultProxy
+
+    source, upstream = brokers
+    cloud = Collector(upstream.host, upstream.port, "cloud/#", qos=2)
+    topic = "zebra/fx/fx9600-09/reads"
+
+    def read(n):
+        return GOOD_READ.replace(b'"eventNum": 7', b'"eventNum": %d' % n)
+
+    with FaultProxy(upstream.host, upstream.port) as proxy:
+        environ = forwarding_environ(source, upstream, tmp_path / "data", qos=2)
+        environ["FXGATE__UPSTREAM__PORT"] = str(proxy.port)
+        config = load_config(None, environ=environ, hostname="gw-test")
+        clock = RealClock()
+        gateway = Supervisor(config, clock, session_factory=lambda: spark_session)
+        gateway.start()
+        try:
+            assert source.wait_for_output("fxgate-local-gw-test-gw-test 2 zebra/fx", 15)
+            publish_all(source.host, source.port, [(topic, read(1))], qos=2)
+            assert len(cloud.wait_for(1)) == 1
+            proxy.stall()  # M2 leaves fxgate but never reaches the broker
+            publish_all(source.host, source.port, [(topic, read(2))], qos=2)
+            outbound = gateway.ref("outbound").proxy()
+            assert wait_until(lambda: outbound.status().get(timeout=5)["in_flight"] == 1)
+            proxy.refuse()
+            proxy.cut()  # the link drops before M2's PUBREC; reconnects are refused
+            publish_all(source.host, source.port, [(topic, read(3))], qos=2)  # buffered
+            proxy.accept()
+            proxy.resume()
+            assert proxy.wait_for_connections(2, 30)
+            publish_all(source.host, source.port, [(topic, read(4))], qos=2)
+            messages = cloud.wait_for(4)
+            assert gateway.wait_for_landed(4, timeout=60)
+        finally:
+            gateway.stop()
+            clock.close()
+    cloud.close()
+    assert [payload for _, payload, _ in messages] == [read(1), read(2), read(3), read(4)]
+
+
+def test_a_restart_with_reads_in_tier1_and_in_flight_delivers_each_once_in_order(
+    mosquitto_factory, daemon_factory, tmp_path
+):
+    source = mosquitto_factory()
+    upstream = mosquitto_factory()
+    cloud = Collector(upstream.host, upstream.port, "cloud/#", qos=2)
+    data = tmp_path / "data"
+    env = forwarding_environ(
+        source,
+        upstream,
+        data,
+        qos=2,
+        FXGATE__BUFFER__MAX_MESSAGES="100",  # most of what waits is in tier 1, not tier 2
+    )
+    try:
+        upstream.stop()
+        first = daemon_factory(env)
+        first.wait_for_log(r"source: subscribed", timeout=60)
+        result = simulate(source.host, source.port, readers=2, rate=0, count=300, qos=2)
+        first.wait_for_log(r"further packs wait in tier 1", timeout=60)
+        first.kill()
+        upstream.start()
+        second = daemon_factory(env)
+        wait_until_landed(second, data, 600)
+        assert second.terminate() == 0
+        messages = cloud.wait_for(600)
+    finally:
+        cloud.close()
+    keys = [props[IDEMPOTENCY_PROPERTY] for _, _, props in messages]
+    assert Counter(keys) == Counter(r.message_key for r in result.published)
+    for reader in ("fx9600-01", "fx9600-02"):
+        sent = [r.message_key for r in result.published if reader in r.topic]
+        got = [props[IDEMPOTENCY_PROPERTY] for t, _, props in messages if t.endswith(reader)]
+        assert got == sent
