@@ -103,6 +103,23 @@ def format_status(report: dict) -> str:
             f"(connects {source['connects']}, disconnects {source['disconnects']}, "
             f"last reason: {reason})"
         )
+    upstream = daemon.get("upstream")
+    if upstream:
+        lines.append(
+            f"upstream:   {upstream['state']} as {upstream['client_id']} "
+            f"(connects {upstream['connects']}, disconnects {upstream['disconnects']}, "
+            f"last reason: {upstream.get('last_reason') or '-'})"
+        )
+    outbound = daemon.get("outbound")
+    if outbound:
+        lines.append(
+            f"forwarding: {outbound['in_flight']} in flight (window {outbound['window']}), "
+            f"tier 2 {outbound['tier2_messages']} messages / {outbound['tier2_bytes']} bytes, "
+            f"{outbound['tier1_waiting_packs']} pack(s) waiting in tier 1, "
+            f"{outbound['forwarded']} forwarded, {outbound['dead']} dead-lettered, "
+            f"{outbound['dropped_qos0']} QoS 0 dropped"
+            + (", source paused" if outbound["paused_source"] else "")
+        )
     ledger = report["ledger"]
     if ledger.get("exists"):
         lines.append(

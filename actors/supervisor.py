@@ -275,13 +275,17 @@ class Supervisor:
     def status(self) -> dict:
         """A snapshot for `fxgate status`; never blocks for long on a busy actor."""
         out: dict = {"actors": {name: ref.is_alive() for name, ref in self._actors}}
-        source = self.ref("source")
-        ledger = self.ref("ledger")
+        asks = {
+            "source": lambda ref: asdict(ref.proxy().state().get(timeout=5)),
+            "upstream": lambda ref: asdict(ref.proxy().state().get(timeout=5)),
+            "ledger": lambda ref: ref.proxy().stats().get(timeout=5),
+            "outbound": lambda ref: ref.proxy().status().get(timeout=5),
+        }
         try:
-            if source is not None and source.is_alive():
-                out["source"] = asdict(source.proxy().state().get(timeout=5))
-            if ledger is not None and ledger.is_alive():
-                out["ledger"] = ledger.proxy().stats().get(timeout=5)
+            for name, ask in asks.items():
+                ref = self.ref(name)
+                if ref is not None and ref.is_alive():
+                    out[name] = ask(ref)
         except (pykka.Timeout, pykka.ActorDeadError):
             out["stale"] = True
         with self._batch_lock:

@@ -1,6 +1,9 @@
 """Forwarding upstream against two real brokers: source -> fxgate -> upstream, and the table."""
 
+import os
 import re
+import subprocess
+import sys
 import threading
 from collections import Counter
 
@@ -66,7 +69,7 @@ def forwarding_gateway(brokers, spark_session, tmp_path):
         clock.close()
 
 
-@pytest.mark.parametrize("qos", [1, 2])
+@pytest.mark.parametrize("qos", [0, 1, 2])
 def test_every_read_reaches_upstream_once_in_order_and_lands_in_the_table(
     forwarding_gateway, brokers, spark_session, qos
 ):
@@ -570,6 +573,17 @@ def test_a_restart_with_reads_in_tier1_and_in_flight_delivers_each_once_in_order
         upstream.start()
         second = daemon_factory(env)
         wait_until_landed(second, data, 600)
+        status = subprocess.run(
+            [sys.executable, "-m", "actors.cli", "status"],
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        assert "upstream:   connected as fxgate-upstream-" in status
+        assert "forwarding: 0 in flight (window 20)" in status
+        assert "reads 600 rows" in status
         assert second.terminate() == 0
         messages = cloud.wait_for(600)
     finally:

@@ -186,3 +186,33 @@ def test_new_packs_wait_behind_a_failed_batch_and_follow_it_in_order(ledger, clo
         assert batch_states(tmp_path) == [(1, "committed"), (2, "committed")]
     finally:
         writer.stop()
+
+
+def test_a_spark_backlog_past_its_high_mark_pauses_the_source_until_below_the_low(
+    ledger, clock, tmp_path
+):
+    tables = ScriptedTables(["fail", "ok"])
+    writer = start_writer(
+        ledger,
+        clock,
+        tables,
+        retry_backoff=Backoff(5.0, 60.0, 0.0),
+        backlog_high=4,
+        backlog_low=1,
+    )
+    try:
+        pack = stored_pack(ledger, 6)
+        writer.tell(PackSealed(Pack(1, pack.records[:2])))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)  # batch 1 fails and waits 5 s for its retry
+        tables.wait_calls(1)
+        writer.tell(PackSealed(Pack(2, pack.records[2:4])))
+        writer.tell(PackSealed(Pack(3, pack.records[4:])))
+        writer.proxy().failures.get(timeout=5)
+        assert ledger.proxy().stats().get(timeout=5)["paused_by"] == ["writer-backlog"]
+        clock.advance(5.0)  # the retry succeeds, the waiting packs are flushed
+        tables.wait_calls(3)
+        writer.proxy().failures.get(timeout=5)
+        assert ledger.proxy().stats().get(timeout=5)["paused_by"] == []
+    finally:
+        writer.stop()
