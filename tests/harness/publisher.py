@@ -31,6 +31,7 @@ class _Reader:
     client: mqtt.Client
     generator: TagEventGenerator
     pending: dict[int, PublishedRecord]
+    early: dict[int, bool]  # acks that came before publish() returned: packet id -> refused
 
 
 class SoakPublisher:
@@ -66,7 +67,9 @@ class SoakPublisher:
         )
         client.max_inflight_messages_set(WINDOW)
         client.reconnect_delay_set(0.1, 1.0)
-        reader = _Reader(name, f"zebra/fx/{name}/reads", client, TagEventGenerator(name, seed), {})
+        reader = _Reader(
+            name, f"zebra/fx/{name}/reads", client, TagEventGenerator(name, seed), {}, {}
+        )
         client.on_publish = lambda _c, _u, mid, reason, _p: self._settle(reader, mid, reason)
         properties = Properties(PacketTypes.CONNECT)
         properties.SessionExpiryInterval = 3600
@@ -75,9 +78,12 @@ class SoakPublisher:
         return reader
 
     def _settle(self, reader: _Reader, mid: int, reason) -> None:
+        # Runs on paho's thread while it holds its outbound mutex: never call into paho here.
         with self._cond:
             record = reader.pending.pop(mid, None)
-            if record is not None:
+            if record is None:
+                reader.early[mid] = reason.is_failure
+            else:
                 (self.refused if reason.is_failure else self.acked).append(record)
             self._cond.notify_all()
 
@@ -101,12 +107,19 @@ class SoakPublisher:
                 self._cond.wait_for(lambda r=reader: len(r.pending) < WINDOW or self._stopping)
                 if self._stopping:
                     return
-                payload = reader.generator.next_payload()
-                record = PublishedRecord(reader.topic, message_key(reader.topic, payload), 1)
-                info = reader.client.publish(reader.topic, payload, qos=self.qos)
-                # Queued by paho even while disconnected; it goes out after the reconnect.
-                reader.pending[info.mid] = record
+            payload = reader.generator.next_payload()
+            record = PublishedRecord(reader.topic, message_key(reader.topic, payload), 1)
+            # Not under our lock: paho takes its own, and its thread takes ours in on_publish.
+            # Queued by paho even while disconnected; it goes out after the reconnect.
+            info = reader.client.publish(reader.topic, payload, qos=self.qos)
+            with self._cond:
+                refused = reader.early.pop(info.mid, None)
+                if refused is None:
+                    reader.pending[info.mid] = record
+                else:
+                    (self.refused if refused else self.acked).append(record)
                 self.sent += 1
+                self._cond.notify_all()
             wake.wait(gap)
 
     def wait_for_acks(self, count: int, timeout: float = 60.0) -> bool:
