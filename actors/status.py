@@ -112,6 +112,7 @@ def format_status(report: dict) -> str:
         )
     outbound = daemon.get("outbound")
     if outbound:
+        outbound = {**outbound, **daemon.get("buffer", {})}
         lines.append(
             f"forwarding: {outbound['in_flight']} in flight (window {outbound['window']}), "
             f"tier 2 {outbound['tier2_messages']} messages / {outbound['tier2_bytes']} bytes, "

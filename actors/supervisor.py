@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pykka
 
+from actors.buffer import TierTwoBuffer
 from actors.clock import Clock
 from actors.config import Config
 from actors.connection import ConnectionActor, ConnectionSettings
@@ -198,15 +199,23 @@ class Supervisor:
             processing_timeout=cfg.packs.processing_timeout_seconds,
             ack_strategy=cfg.packs.ack_strategy,
             retries=cfg.packs.retries,
-            buffer_max_messages=cfg.buffer.max_messages,
-            buffer_max_bytes=cfg.buffer.max_bytes,
+        )
+        writer.proxy().set_landed_listener(outbound).get(timeout=ASK_TIMEOUT)
+        buffer = self._start(
+            "buffer",
+            TierTwoBuffer,
+            outbound,
+            writer,
+            ledger,
+            cfg.routes,
+            max_messages=cfg.buffer.max_messages,
+            max_bytes=cfg.buffer.max_bytes,
             high_watermark=cfg.buffer.high_watermark,
             low_watermark=cfg.buffer.low_watermark,
-            source=ledger,
             overflow=cfg.buffer.overflow,
             persist_qos0=cfg.buffer.persist_qos0,
         )
-        writer.proxy().set_landed_listener(outbound).get(timeout=ASK_TIMEOUT)
+        outbound.proxy().set_buffer(buffer).get(timeout=ASK_TIMEOUT)
         self._start(
             "upstream",
             ConnectionActor,
@@ -215,7 +224,7 @@ class Supervisor:
             outbound,
             client_factory=upstream_client_factory(outbound),
         )
-        return outbound
+        return buffer
 
     def _start(self, name: str, actor_class, *args, **kwargs) -> pykka.ActorRef:
         ref = actor_class.start(*args, **kwargs)
@@ -280,6 +289,7 @@ class Supervisor:
             "upstream": lambda ref: asdict(ref.proxy().state().get(timeout=5)),
             "ledger": lambda ref: ref.proxy().stats().get(timeout=5),
             "outbound": lambda ref: ref.proxy().status().get(timeout=5),
+            "buffer": lambda ref: ref.proxy().status().get(timeout=5),
         }
         try:
             for name, ask in asks.items():

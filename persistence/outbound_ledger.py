@@ -12,10 +12,8 @@ Owns the outbound database (its own SQLite file) and every outbound PUBLISH/PUBR
   (0 = unlimited) and SKIP_ALL gives up at once; what is given up on goes to dead_letters;
 - acknowledged packs go on to the Spark writer: the table records what reached upstream.
 
-Packs waiting their turn are the tier-2 buffer (bounded by count and bytes). Past the high
-watermark the source is paused (the inbound ledger stops acknowledging, so the broker's Receive
-Maximum stops the flow) and it resumes below the low watermark; the waiting messages are durable
-in the inbound ledger (tier 1) in any case.
+Packs waiting their turn stay in the tier-2 buffer (actors/buffer.py), which hands over one pack
+each time this actor tells it `Demand`.
 """
 
 from __future__ import annotations
@@ -28,6 +26,7 @@ from pathlib import Path
 
 import pykka
 
+from actors.buffer import Demand
 from actors.clock import Clock, TimerHandle
 from actors.connection import SessionEnded, SessionStarted
 from actors.crashpoints import crash_point
@@ -35,7 +34,7 @@ from actors.pack import Pack, PackSealed
 from actors.routes import Route, render_target, route_for
 from actors.upstream_client import AckType, OutboundAck, OutboundPublish
 from persistence.database import SYNCHRONOUS
-from persistence.inbound_ledger import LedgerRecord, Pause, Resume
+from persistence.inbound_ledger import LedgerRecord
 from spark.writer import Landed
 
 log = logging.getLogger(__name__)
@@ -89,8 +88,6 @@ class _Stats:
     dead: int = 0
     resent: int = 0
     possible_duplicates: int = 0
-    paused: int = 0
-    dropped_qos0: int = 0
 
 
 class OutboundLedger(pykka.ThreadingActor):
@@ -107,13 +104,6 @@ class OutboundLedger(pykka.ThreadingActor):
         processing_timeout: float = 20.0,
         ack_strategy: str = "RETRY_ALL",
         retries: int = 3,
-        buffer_max_messages: int = 10_000,
-        buffer_max_bytes: int = 16 * 1024 * 1024,
-        high_watermark: float = 0.8,
-        low_watermark: float = 0.5,
-        source: pykka.ActorRef | None = None,
-        overflow: str = "drop_oldest",
-        persist_qos0: bool = False,
     ) -> None:
         super().__init__()
         self._path = Path(path)
@@ -126,24 +116,13 @@ class OutboundLedger(pykka.ThreadingActor):
         self._timeout = processing_timeout
         self._strategy = ack_strategy
         self._retries = retries
-        self._max_messages = buffer_max_messages
-        self._max_bytes = buffer_max_bytes
-        self._high = high_watermark
-        self._low = low_watermark
-        self._source = source
-        self._overflow = overflow
-        self._persist_qos0 = persist_qos0
+        self._buffer: pykka.ActorRef | None = None
         self._client = None
         self._epoch = 0
         self._connected = False
         self._window = window
-        self._queue: deque[Pack] = deque()  # tier 2
-        # Packs that found tier 2 full: only their ids are kept; their rows wait in the inbound
-        # ledger (tier 1) and are read back, in order, once tier 2 has room.
-        self._spilled: deque[tuple[int, tuple[int, ...]]] = deque()
-        self._queued_messages = 0
-        self._queued_bytes = 0
-        self._paused = False
+        # Packs handed over while one is being forwarded (normally none: we ask for one at a time).
+        self._waiting: deque[Pack] = deque()
         self._current: _PackState | None = None
         self._inflight: dict[int, _Entry] = {}
         self._next_id = 1
@@ -190,15 +169,17 @@ class OutboundLedger(pykka.ThreadingActor):
         """The upstream connection's client (an actors.upstream_client.UpstreamClient)."""
         self._client = client
 
-    def set_source(self, source: pykka.ActorRef) -> None:
-        """Who is told Pause/Resume for backpressure (the inbound ledger)."""
-        self._source = source
+    def set_buffer(self, buffer: pykka.ActorRef) -> None:
+        """The tier-2 buffer, asked for one pack at a time."""
+        self._buffer = buffer
+        buffer.tell(Demand())
 
     # -- messages ---------------------------------------------------------------------------
 
     def on_receive(self, message: object) -> None:
         if isinstance(message, PackSealed):
-            self._enqueue(message.pack)
+            self._waiting.append(message.pack)
+            self._pump()
         elif isinstance(message, OutboundAck):
             self._on_ack(message)
         elif isinstance(message, SessionStarted):
@@ -213,107 +194,11 @@ class OutboundLedger(pykka.ThreadingActor):
         else:
             log.warning("outbound ledger ignored %r", message)
 
-    # -- tier 2 -----------------------------------------------------------------------------
-
-    def _room_for(self, pack: Pack) -> bool:
-        size = sum(len(r.payload) for r in pack.records)
-        return (
-            self._queued_messages + len(pack.records) <= self._max_messages
-            and self._queued_bytes + size <= self._max_bytes
-        )
-
-    def _droppable(self, pack: Pack) -> bool:
-        """QoS 0 only (as forwarded) and not to be persisted: at-most-once may be dropped."""
-        if self._persist_qos0:
-            return False
-        messages = [self._message_for(r) for r in pack.records]
-        return any(messages) and all(m is None or m.qos == 0 for m in messages)
-
-    def _drop(self, pack: Pack) -> None:
-        """Give up a QoS 0 pack at a full tier 2: counted, and recorded as dead letters."""
-        dropped = 0
-        records = []
-        for record in pack.records:
-            if self._message_for(record) is None:
-                records.append(record)
-            else:
-                records.append(dataclasses.replace(record, dead_reason="overflow_dropped"))
-                dropped += 1
-        self.stats.dropped_qos0 += dropped
-        log.warning("tier-2 buffer full: dropped %d QoS 0 message(s) (%s)", dropped, self._overflow)
-        self._writer.tell(PackSealed(Pack(pack.pack_id, tuple(records))))
-
-    def _enqueue(self, pack: Pack) -> None:
-        if not self._room_for(pack) and self._droppable(pack):
-            if self._overflow == "drop_new":
-                self._drop(pack)
-                return
-            while not self._room_for(pack):
-                oldest = next((p for p in self._queue if self._droppable(p)), None)
-                if oldest is None:
-                    break
-                self._queue.remove(oldest)
-                self._queued_messages -= len(oldest.records)
-                self._queued_bytes -= sum(len(r.payload) for r in oldest.records)
-                self._drop(oldest)
-        size = sum(len(r.payload) for r in pack.records)
-        full = not self._room_for(pack)
-        if self._spilled or full:
-            if not self._spilled:
-                log.warning("tier-2 buffer full: further packs wait in tier 1 (the ledger)")
-            self._spilled.append((pack.pack_id, pack.seqs))
-        else:
-            self._queue.append(pack)
-            self._queued_messages += len(pack.records)
-            self._queued_bytes += size
-        self._check_watermarks()
-        self._pump()
-
-    def _refill(self) -> None:
-        """Read spilled packs back from tier 1 while tier 2 is at or below its low watermark."""
-        while self._spilled and self._fill() <= self._low:
-            pack_id, seqs = self._spilled.popleft()
-            records = self._source.proxy().records(seqs).get(timeout=30)
-            pack = Pack(pack_id, tuple(dataclasses.replace(r, pack_id=pack_id) for r in records))
-            self._queue.append(pack)
-            self._queued_messages += len(pack.records)
-            self._queued_bytes += sum(len(r.payload) for r in pack.records)
-
-    def _dequeue(self) -> Pack:
-        pack = self._queue.popleft()
-        self._queued_messages -= len(pack.records)
-        self._queued_bytes -= sum(len(r.payload) for r in pack.records)
-        self._check_watermarks()
-        return pack
-
-    def _fill(self) -> float:
-        return max(self._queued_messages / self._max_messages, self._queued_bytes / self._max_bytes)
-
-    def _check_watermarks(self) -> None:
-        fill = self._fill()
-        if not self._paused and fill >= self._high:
-            self._paused = True
-            self.stats.paused += 1
-            log.warning(
-                "tier-2 buffer %.0f%% full (%d messages, %d bytes): pausing the source",
-                100 * fill,
-                self._queued_messages,
-                self._queued_bytes,
-            )
-            if self._source is not None:
-                self._source.tell(Pause("tier2"))
-        elif self._paused and fill <= self._low:
-            self._paused = False
-            log.info("tier-2 buffer down to %.0f%%: resuming the source", 100 * fill)
-            if self._source is not None:
-                self._source.tell(Resume("tier2"))
-
     # -- packs ------------------------------------------------------------------------------
 
     def _pump(self) -> None:
-        self._refill()
-        if self._current is None and self._queue:
-            self._start_pack(self._dequeue())
+        if self._current is None and self._waiting:
+            self._start_pack(self._waiting.popleft())
         if self._current is None:
             return
         if self._current.done:
@@ -380,6 +265,8 @@ class OutboundLedger(pykka.ThreadingActor):
             sum(1 for e in current.entries if e.state == "dead"),
         )
         self._writer.tell(PackSealed(Pack(current.pack.pack_id, records)))
+        if self._buffer is not None:
+            self._buffer.tell(Demand())
 
     # -- sending ----------------------------------------------------------------------------
 
@@ -604,9 +491,5 @@ class OutboundLedger(pykka.ThreadingActor):
             "connected": self._connected,
             "window": self._window,
             "in_flight": len(self._inflight),
-            "tier2_messages": self._queued_messages,
-            "tier2_bytes": self._queued_bytes,
-            "tier1_waiting_packs": len(self._spilled),
-            "paused_source": self._paused,
             **dataclasses.asdict(self.stats),
         }

@@ -9,6 +9,7 @@ from collections import Counter
 
 import pytest
 
+from actors.buffer import Demand, TierTwoBuffer
 from actors.clock import RealClock, SimulatedClock
 from actors.config import load_config
 from actors.connection import SessionStarted
@@ -295,32 +296,34 @@ def test_a_long_outage_keeps_tier2_within_its_caps_and_pauses_and_resumes_the_so
     packs = list(packs_of(14, 10))
     writer = Inbox()
     source = FakeInbound([r for p in packs for r in p.records])
+    route = (Route(0, "zebra/fx/+/reads"),)
     outbound = OutboundLedger.start(
-        tmp_path / "outbound.sqlite",
-        clock,
+        tmp_path / "outbound.sqlite", clock, writer, route, "env", processing_timeout=20.0
+    )
+    buffer = TierTwoBuffer.start(
+        outbound,
         writer,
-        (Route(0, "zebra/fx/+/reads"),),
-        "env",
-        buffer_max_messages=100,
-        buffer_max_bytes=10**6,
+        source,
+        route,
+        max_messages=100,
+        max_bytes=10**6,
         high_watermark=0.8,
         low_watermark=0.5,
-        processing_timeout=20.0,
-        source=source,
     )
     try:
+        outbound.proxy().set_buffer(buffer).get(timeout=5)
         fills = []
         for pack in packs:
-            outbound.tell(PackSealed(pack))
-            fills.append(outbound.proxy().status().get(timeout=5)["tier2_messages"])
-        # The first pack went in flight (not sent: no connection); 80 queued pauses the source;
-        # past 100 the rest waits in tier 1 with only its ids in memory.
+            buffer.tell(PackSealed(pack))
+            fills.append(buffer.proxy().status().get(timeout=5)["tier2_messages"])
+        # The first pack went to the outbound ledger (unsent: no connection); 80 queued pauses
+        # the source; past 100 the rest waits in tier 1 with only its ids in memory.
         assert max(fills) == 100
         assert [type(m).__name__ for m in source.messages] == ["Pause"]
         # An hour of outage on the clock: pack timeouts come and go, nothing is lost or sent.
         for _ in range(180):
             clock.advance(20.0)
-        status = outbound.proxy().status().get(timeout=5)
+        status = buffer.proxy().status().get(timeout=5)
         assert (status["tier2_messages"], status["tier1_waiting_packs"]) == (100, 3)
 
         client = AckingClient()
@@ -336,6 +339,7 @@ def test_a_long_outage_keeps_tier2_within_its_caps_and_pauses_and_resumes_the_so
         assert [m.message_key for m in client.sent] == [f"k{s}" for s in range(1, 141)]
         assert source.reads == 3
     finally:
+        buffer.stop()
         outbound.stop()
 
 
@@ -392,7 +396,6 @@ def outbound_with(tmp_path):
             writer,
             (Route(0, "zebra/fx/+/reads", qos=qos),),
             "env",
-            source=Inbox(),
             **options,
         )
         started.append(ref)
@@ -469,21 +472,49 @@ def test_without_a_session_pending_pubrels_become_publishes_again(outbound_with)
     assert ref.proxy().status().get(timeout=5)["possible_duplicates"] == 1
 
 
-@pytest.mark.parametrize(("overflow", "kept"), [("drop_new", [0, 1]), ("drop_oldest", [0, 2])])
-def test_a_full_tier2_drops_qos0_by_policy_and_counts_every_drop(outbound_with, overflow, kept):
-    # Disconnected: pack 0 goes in flight, tier 2 holds one pack of 10, the third overflows.
-    ref, _, writer = outbound_with(
-        None,
-        qos=0,
-        connected=False,
-        packs=packs_of(3, 10),
-        overflow=overflow,
-        buffer_max_messages=10,
+@pytest.mark.parametrize(("overflow", "kept"), [("drop_new", 0), ("drop_oldest", 2)])
+def test_a_full_tier2_drops_qos0_by_policy_and_counts_every_drop(overflow, kept):
+    # Nobody takes packs (upstream down); tier 2 holds one pack of 10, the others overflow.
+    writer, outbound = Inbox(), Inbox()
+    route = (Route(0, "zebra/fx/+/reads", qos=0),)
+    packs = list(packs_of(3, 10))
+    buffer = TierTwoBuffer.start(
+        outbound, writer, FakeInbound([]), route, max_messages=10, overflow=overflow
     )
-    (dropped,) = writer.wait_for(lambda m: len(m) == 1)
-    assert {r.dead_reason for r in dropped.pack.records} == {"overflow_dropped"}
-    assert dropped.pack.pack_id not in kept
-    assert ref.proxy().status().get(timeout=5)["dropped_qos0"] == 10
+    try:
+        for pack in packs:
+            buffer.tell(PackSealed(pack))
+        dropped = writer.wait_for(lambda m: len(m) == 2)
+        assert {r.dead_reason for m in dropped for r in m.pack.records} == {"overflow_dropped"}
+        assert kept not in {m.pack.pack_id for m in dropped}
+        assert buffer.proxy().status().get(timeout=5)["dropped_qos0"] == 20
+        buffer.tell(Demand())
+        (handed,) = outbound.wait_for(lambda m: len(m) == 1)
+        assert handed.pack.pack_id == kept
+    finally:
+        buffer.stop()
+
+
+def test_with_persist_qos0_a_full_tier2_keeps_qos0_waiting_in_tier1(tmp_path):
+    writer, outbound = Inbox(), Inbox()
+    route = (Route(0, "zebra/fx/+/reads", qos=0),)
+    packs = list(packs_of(3, 10))
+    source = FakeInbound([r for p in packs for r in p.records])
+    buffer = TierTwoBuffer.start(
+        outbound, writer, source, route, max_messages=10, persist_qos0=True
+    )
+    try:
+        for pack in packs:
+            buffer.tell(PackSealed(pack))
+        status = buffer.proxy().status().get(timeout=5)
+        assert (status["dropped_qos0"], status["tier1_waiting_packs"]) == (0, 2)
+        for _ in packs:
+            buffer.tell(Demand())
+        handed = outbound.wait_for(lambda m: len(m) == 3)
+        assert [m.pack.pack_id for m in handed] == [0, 1, 2]
+        assert writer.messages == []
+    finally:
+        buffer.stop()
 
 
 def test_persist_false_downgrades_to_qos0_with_a_warning_and_still_delivers(
