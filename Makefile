@@ -22,6 +22,16 @@ demo: deps
 test: deps lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
 
+BENCH_STAMP := $(VENV)/.bench-stamp
+$(BENCH_STAMP): setup.cfg $(STAMP)
+	$(VENV)/bin/pip install -q -e '.[test,bench]'
+	touch $(BENCH_STAMP)
+
+# Benchmarks run baseline and fxgate alternately in one run and report medians and ratios;
+# results in bench/results/, the table in README.md (issue 5).
+bench: deps $(BENCH_STAMP)
+	$(VENV)/bin/python -m bench.run $(BENCH_ARGS)
+
 soak: deps
 	FXGATE_SOAK_KILLS=$(SOAK_KILLS) FXGATE_SOAK_BROKER_RESTARTS=$(SOAK_RESTARTS) \
 	FXGATE_SOAK_FLAPS=$(SOAK_FLAPS) FXGATE_SOAK_RESULTS=bench/results \
