@@ -1,10 +1,10 @@
-import threading
 
 import pytest
 
 from actors.clock import SimulatedClock
 from actors.pack import PackActor, PackAssembler, PackSealed
 from persistence.inbound_ledger import Committed, LedgerRecord
+from tests.harness.inbox import Inbox
 
 
 def records(start: int, n: int) -> tuple[LedgerRecord, ...]:
@@ -12,24 +12,6 @@ def records(start: int, n: int) -> tuple[LedgerRecord, ...]:
         LedgerRecord(seq, f"k{seq}", "zebra/fx/r1/reads", b"{}", 1, 0.0)
         for seq in range(start, start + n)
     )
-
-
-class Inbox:
-    """Stands in for the Spark writer: collects what it is told."""
-
-    def __init__(self):
-        self.messages = []
-        self.cond = threading.Condition()
-
-    def tell(self, message):
-        with self.cond:
-            self.messages.append(message)
-            self.cond.notify_all()
-
-    def wait_for(self, count, timeout=10):
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.messages) >= count, timeout)
-            return list(self.messages)
 
 
 def test_assembler_seals_full_packs_and_keeps_the_rest_open_in_order():

@@ -22,6 +22,7 @@ from persistence.inbound_ledger import LedgerRecord
 from persistence.outbound_ledger import OutboundLedger
 from spark.report import compare, landed_ids_spark
 from tests.harness.checks import wait_until, wait_until_landed
+from tests.harness.inbox import Inbox
 from tests.harness.mqtt import Collector
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -223,22 +224,6 @@ def test_reads_wait_through_an_upstream_outage_and_arrive_once_in_order(
         assert gateway.wait_for_landed(600, timeout=60)
     finally:
         cloud.close()
-
-
-class Inbox:
-    def __init__(self):
-        self.messages = []
-        self.cond = threading.Condition()
-
-    def tell(self, message):
-        with self.cond:
-            self.messages.append(message)
-            self.cond.notify_all()
-
-    def wait_for(self, predicate, timeout=10):
-        with self.cond:
-            assert self.cond.wait_for(lambda: predicate(self.messages), timeout), self.messages
-            return list(self.messages)
 
 
 class AckingClient:
