@@ -36,47 +36,50 @@ class ActorCrashed(RuntimeError):
     pass
 
 
-def source_settings(config: Config, environ=None) -> ConnectionSettings:
-    src = config.source
+def _connection_settings(
+    name: str, broker, client_id: str, receive_maximum: int, environ=None, **extra
+) -> ConnectionSettings:
+    """ConnectionSettings from a [source] or [upstream] section (their keys are the same)."""
     return ConnectionSettings(
-        name="source",
-        host=src.host,
-        port=src.port,
-        client_id=config.identity.client_id,
+        name=name,
+        host=broker.host,
+        port=broker.port,
+        client_id=client_id,
+        username=broker.username,
+        password=broker.password(os.environ if environ is None else environ),
+        clean_start=broker.clean_session,
+        session_expiry_seconds=broker.session_expiry_interval_seconds,
+        keepalive_seconds=broker.keepalive_seconds,
+        receive_maximum=receive_maximum,
+        auto_reconnect=broker.auto_reconnect,
+        reconnect_min_delay=broker.reconnect_min_delay_seconds,
+        reconnect_max_delay=broker.reconnect_max_delay_seconds,
+        reconnect_jitter=broker.reconnect_jitter,
+        **extra,
+    )
+
+
+def source_settings(config: Config, environ=None) -> ConnectionSettings:
+    return _connection_settings(
+        "source",
+        config.source,
+        config.identity.client_id,
+        # One pack in flight from the broker while the ledger commits it.
+        config.packs.max_messages,
+        environ,
         subscriptions=config.identity.subscriptions,
-        qos=src.qos,
-        username=src.username,
-        password=src.password(os.environ if environ is None else environ),
-        clean_start=src.clean_session,
-        session_expiry_seconds=src.session_expiry_interval_seconds,
-        keepalive_seconds=src.keepalive_seconds,
-        # One pack in flight from the broker while the ledger commits it (issue: receive max).
-        receive_maximum=config.packs.max_messages,
-        auto_reconnect=src.auto_reconnect,
-        reconnect_min_delay=src.reconnect_min_delay_seconds,
-        reconnect_max_delay=src.reconnect_max_delay_seconds,
-        reconnect_jitter=src.reconnect_jitter,
+        qos=config.source.qos,
     )
 
 
 def upstream_settings(config: Config, environ=None) -> ConnectionSettings:
-    up = config.upstream
-    return ConnectionSettings(
-        name="upstream",
-        host=up.host,
-        port=up.port,
-        client_id=config.identity.upstream_client_id,
+    return _connection_settings(
+        "upstream",
+        config.upstream,
+        config.identity.upstream_client_id,
+        config.upstream.window,
+        environ,
         subscriptions=(),
-        username=up.username,
-        password=up.password(os.environ if environ is None else environ),
-        clean_start=up.clean_session,
-        session_expiry_seconds=up.session_expiry_interval_seconds,
-        keepalive_seconds=up.keepalive_seconds,
-        receive_maximum=up.window,
-        auto_reconnect=up.auto_reconnect,
-        reconnect_min_delay=up.reconnect_min_delay_seconds,
-        reconnect_max_delay=up.reconnect_max_delay_seconds,
-        reconnect_jitter=up.reconnect_jitter,
     )
 
 
