@@ -130,6 +130,8 @@ class OutboundLedger(pykka.ThreadingActor):
         # Ids in flight before a restart stay taken until their message is resumed: reusing one
         # for a new message would make the broker take it for a duplicate and drop it.
         self._reserved: set[int] = set()
+        # In flight, but not yet sent again on the current connection (window was full).
+        self._unsent: set[int] = set()
         self.stats = _Stats()
 
     # -- life cycle -------------------------------------------------------------------------
@@ -277,8 +279,8 @@ class OutboundLedger(pykka.ThreadingActor):
         batch: list[_Entry] = []
         now = self._clock.wall()
         for entry in self._current.entries:
-            if len(self._inflight) >= self._window:  # batch entries are in _inflight already
-                break
+            if self._unsent or len(self._inflight) >= self._window:
+                break  # re-sends go first; batch entries are counted in _inflight already
             if entry.state != "queued":
                 continue  # a refused ("failed") message waits for the pack's retry
             record = entry.record
@@ -315,14 +317,25 @@ class OutboundLedger(pykka.ThreadingActor):
             self._client.send_publish(self._epoch, entry.message)
 
     def _resend_inflight(self) -> None:
-        """After CONNACK: the messages in flight again, same ids, within the window."""
-        for packet_id, entry in sorted(self._inflight.items(), key=lambda kv: kv[1].record.seq):
+        """After CONNACK: everything in flight must go again (same ids), oldest first, but no
+        more at once than the window — the broker's Receive Maximum may be smaller now."""
+        self._unsent = {packet_id for packet_id in self._inflight}
+        self._flush_unsent()
+
+    def _flush_unsent(self) -> None:
+        room = self._window - (len(self._inflight) - len(self._unsent))
+        for packet_id in sorted(self._unsent, key=lambda pid: self._inflight[pid].record.seq):
+            if room <= 0:
+                break
+            entry = self._inflight[packet_id]
             if entry.state == "pubrel":
                 self._client.send_pubrel(self._epoch, packet_id)
             else:
                 entry.message = dataclasses.replace(entry.message, dup=True)
                 self._client.send_publish(self._epoch, entry.message)
+            self._unsent.discard(packet_id)
             self.stats.resent += 1
+            room -= 1
 
     def _allocate_id(self) -> int | None:
         for _ in range(MAX_PACKET_ID):
@@ -335,6 +348,7 @@ class OutboundLedger(pykka.ThreadingActor):
     # -- acknowledgements -------------------------------------------------------------------
 
     def _on_session(self, message: SessionStarted) -> None:
+        self._unsent.clear()
         self._epoch = message.epoch
         self._connected = True
         self._window = max(1, min(self._window_setting, message.receive_maximum))
@@ -379,6 +393,7 @@ class OutboundLedger(pykka.ThreadingActor):
             # Our PUBREL reached the broker; dying here re-sends the PUBREL after restart.
             crash_point("after_pubrec_before_pubcomp")
         del self._inflight[ack.packet_id]
+        self._unsent.discard(ack.packet_id)
         if ack.failed and ack.kind is not AckType.PUBCOMP:
             # 0x97 quota exceeded and friends: the broker did not take the message.
             self.stats.failed_acks += 1
@@ -403,6 +418,8 @@ class OutboundLedger(pykka.ThreadingActor):
                 (entry.record.seq,),
             )
             self._db.commit()
+        if self._unsent:
+            self._flush_unsent()
         self._pump()
 
     # -- processing timeout -----------------------------------------------------------------

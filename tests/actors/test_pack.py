@@ -1,4 +1,3 @@
-
 import pytest
 
 from actors.clock import SimulatedClock

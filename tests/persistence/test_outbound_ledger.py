@@ -610,3 +610,17 @@ def test_a_restart_with_reads_in_tier1_and_in_flight_delivers_each_once_in_order
         sent = [r.message_key for r in result.published if reader in r.topic]
         got = [props[IDEMPOTENCY_PROPERTY] for t, _, props in messages if t.endswith(reader)]
         assert got == sent
+
+
+def test_after_a_reconnect_resends_respect_a_smaller_receive_maximum(outbound_with):
+    client = ScriptedClient(answer=None)
+    ref, _, _ = outbound_with(client, packs=packs_of(1, 10), receive_maximum=20)
+    first = client.wait_sent(10)
+    ref.tell(SessionStarted(2, session_present=True, receive_maximum=3))
+    resent = client.wait_sent(13)[10:]
+    assert [(pid, dup) for _, pid, dup, *_ in resent] == [(p, True) for _, p, *_ in first[:3]]
+    ref.proxy().status().get(timeout=5)  # nothing more was sent meanwhile
+    assert len(client.sent) == 13
+    ref.tell(OutboundAck(2, first[0][1], AckType.PUBACK, 0, "Success"))
+    (next_one,) = client.wait_sent(14)[13:]
+    assert next_one[1:3] == (first[3][1], True)
