@@ -324,6 +324,9 @@ class SparkConfig(_Section):
     # One Spark job costs ~0.1 s fixed, so rows are flushed tens of packs at a time (§4).
     batch_max_rows: int = Field(20000, ge=1)
     batch_max_seconds: float = Field(2.0, gt=0)
+    # Also bound a batch by payload bytes: FX9600 batch mode puts 50-100 reads in one message,
+    # and 20,000 such messages (2M rows) ran a 512m driver out of memory (bench/results).
+    batch_max_bytes: int = Field(8 * 1024 * 1024, ge=1024)
     # Backpressure from the writer: above high rows waiting, intake pauses; below low, it resumes.
     backlog_high_messages: int = Field(100000, ge=1)
     backlog_low_messages: int = Field(50000, ge=0)

@@ -157,6 +157,7 @@ class Supervisor:
                 self._session_closer,
                 batch_max_rows=cfg.spark.batch_max_rows,
                 batch_max_seconds=cfg.spark.batch_max_seconds,
+                batch_max_bytes=cfg.spark.batch_max_bytes,
                 processing_timeout=cfg.packs.processing_timeout_seconds,
                 on_batch=self._on_batch,
                 idempotency_key=cfg.ledger.idempotency_key,

@@ -81,6 +81,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         *,
         batch_max_rows: int = 20_000,
         batch_max_seconds: float = 2.0,
+        batch_max_bytes: int = 8 * 1024 * 1024,
         processing_timeout: float = 20.0,
         on_batch: Callable[[BatchWritten], None] | None = None,
         idempotency_key: str = "payload_hash",
@@ -98,6 +99,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._session_closer = session_closer
         self._batch_max_rows = batch_max_rows
         self._batch_max_seconds = batch_max_seconds
+        self._batch_max_bytes = batch_max_bytes
         self._processing_timeout = processing_timeout
         self._on_batch = on_batch
         self._read_key = READ_KEYS[idempotency_key]
@@ -111,6 +113,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._backlog_paused = False
         self._pending: list[Pack] = []
         self._pending_messages = 0
+        self._pending_bytes = 0
         self._deadline_timer: TimerHandle | None = None
         self._generation = 0
         self._failed: ReplayBatch | None = None  # waiting for its retry
@@ -158,8 +161,12 @@ class SparkWriterActor(pykka.ThreadingActor):
         if isinstance(message, PackSealed):
             self._pending.append(message.pack)
             self._pending_messages += len(message.pack.records)
+            self._pending_bytes += sum(len(r.payload) for r in message.pack.records)
             self._check_backlog()
-            if self._pending_messages >= self._batch_max_rows:
+            if (
+                self._pending_messages >= self._batch_max_rows
+                or self._pending_bytes >= self._batch_max_bytes
+            ):
                 self._flush()
             elif self._deadline_timer is None:
                 self._generation += 1
@@ -178,6 +185,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             failed, self._failed = self._failed, None
             if failed is not None:
                 log.info("retrying batch %d (attempt %d)", failed.batch_id, self.failures + 1)
+                self._ensure_session()
                 self._write(failed)
             if self._failed is None:
                 self._flush()
@@ -210,6 +218,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         if not self._pending or self._failed is not None:
             return
         packs, self._pending, self._pending_messages = self._pending, [], 0
+        self._pending_bytes = 0
         self._check_backlog()
         records = tuple(r for p in packs for r in p.records)
         dead = [(r.seq, r.dead_reason) for r in records if r.dead_reason]
@@ -259,6 +268,17 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
         if self._on_batch is not None:
             self._on_batch(result)
+
+    def _ensure_session(self) -> None:
+        """A JVM that died (out of memory exits it) is started again before a retry."""
+        try:
+            self._session.sparkContext._jsc.sc().isStopped()
+            return
+        except Exception as error:  # py4j raises several kinds when the gateway is gone
+            log.error("Spark session lost (%s): starting a new one", type(error).__name__)
+        self._close_session()
+        self._session = self._session_factory()
+        self._tables = self._table_writer(self._session, self._tables_dir)
 
     def _cancel_stuck(self, batch_id: int) -> None:
         """Clock thread: the job outlived the processing timeout."""

@@ -216,3 +216,56 @@ def test_a_spark_backlog_past_its_high_mark_pauses_the_source_until_below_the_lo
         assert ledger.proxy().stats().get(timeout=5)["paused_by"] == []
     finally:
         writer.stop()
+
+
+def test_a_batch_is_also_bounded_by_payload_bytes(ledger, clock, tmp_path):
+    tables = ScriptedTables([])
+    writer = start_writer(ledger, clock, tables, batch_max_bytes=2048)
+    try:
+        pack = stored_pack(ledger, 40)  # ~100 bytes each: 4 KB in all
+        writer.tell(PackSealed(Pack(1, pack.records[:10])))
+        writer.proxy().failures.get(timeout=5)
+        assert tables.calls == []  # 1 KB waits for the deadline
+        writer.tell(PackSealed(Pack(2, pack.records[10:])))
+        (call,) = tables.wait_calls(1)  # past 2 KB: written without waiting
+        assert call[1] == 40
+    finally:
+        writer.stop()
+
+
+def test_a_spark_session_that_died_is_started_again_before_the_retry(ledger, clock, tmp_path):
+    class DeadSession:
+        @property
+        def sparkContext(self):  # what py4j does once the JVM is gone
+            raise ConnectionRefusedError("gateway gone")
+
+    sessions = []
+
+    def factory():
+        sessions.append(DeadSession() if not sessions else object())
+        return sessions[-1]
+
+    tables = ScriptedTables(["fail", "ok"])
+    writer = SparkWriterActor.start(
+        ledger.proxy(),
+        clock,
+        "unused",
+        factory,
+        None,
+        table_writer=tables,
+        batch_max_seconds=1.0,
+        retry_backoff=Backoff(1.0, 60.0, 0.0),
+    )
+    try:
+        writer.tell(PackSealed(stored_pack(ledger, 2)))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)
+        tables.wait_calls(1)
+        writer.proxy().failures.get(timeout=5)
+        clock.advance(1.0)
+        tables.wait_calls(2)
+        writer.proxy().failures.get(timeout=5)
+        assert len(sessions) == 2
+        assert batch_states(tmp_path) == [(1, "committed")]
+    finally:
+        writer.stop()
