@@ -94,3 +94,33 @@ def receive_maximum_overshoot(
         "unacked_max": client.most_unacked,
         "received": client.received,
     }
+
+
+def fsync_latency(directory: Path, syncs: int = 50, size: int = 4096) -> dict:
+    """Milliseconds per append + fdatasync of `size` bytes in `directory`: what each commit costs
+    at durability=power (SQLite in WAL mode with synchronous=FULL syncs the WAL at every commit;
+    with NORMAL only at checkpoints)."""
+    import os
+    import statistics
+
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "fsync-probe"
+    block = os.urandom(size)
+    times = []
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        for _ in range(syncs):
+            began = time.perf_counter()
+            os.write(fd, block)
+            os.fdatasync(fd)
+            times.append(1000 * (time.perf_counter() - began))
+    finally:
+        os.close(fd)
+        path.unlink()
+    times.sort()
+    return {
+        "what": f"{syncs} appends of {size} B, each followed by fdatasync, in the bench's "
+        "scratch directory (same filesystem as the ledgers)",
+        "ms_median": round(statistics.median(times), 3),
+        "ms_p90": round(times[int(0.9 * (len(times) - 1))], 3),
+    }

@@ -91,7 +91,7 @@ def git_state() -> dict:
         try:
             return subprocess.run(
                 ["git", *args], cwd=repo, capture_output=True, text=True, timeout=30, check=False
-            ).stdout.strip()
+            ).stdout
         except OSError:
             return ""
 
@@ -100,7 +100,15 @@ def git_state() -> dict:
         for line in git("status", "--porcelain", "--untracked-files=no").splitlines()
         if not line[3:].startswith("bench/")
     ]
-    return {"commit": git("rev-parse", "--short=12", "HEAD") or None, "changed_files": changed}
+    return {
+        "commit": git("rev-parse", "--short=12", "HEAD").strip() or None,
+        # The newest commit that touched anything but the benchmarks: the code under test.
+        "product_commit": git(
+            "log", "-1", "--format=%h", "--abbrev=12", "--", ".", ":!bench"
+        ).strip()
+        or None,
+        "changed_files": changed,
+    }
 
 
 def describe(work_dir: Path) -> dict:

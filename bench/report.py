@@ -247,15 +247,20 @@ def write_table(results_dir: Path) -> Path:
     commits: dict[str, list[str]] = {}
     for name in names:
         code = results[name].get("code") or {}
-        before = (code.get("before") or {}).get("commit")
-        after = (code.get("after") or {}).get("commit")
+        before = (code.get("before") or {}).get("product_commit")
+        after = (code.get("after") or {}).get("product_commit")
+        workers = code.get("gateway_workers_started_at") or []
         label = before if before == after else f"{before} → {after} (changed during the run)"
+        if any(w != before for w in workers):
+            label += f"; gateway worker(s) started at {', '.join(workers)}"
         changed = (code.get("before") or {}).get("changed_files")
         if changed:
             label += f", with uncommitted changes to {', '.join(changed)}"
         commits.setdefault(label, []).append(name)
     for label, which in commits.items():
-        notes.append(f"- code: commit {label}: {', '.join(which)}")
+        notes.append(
+            f"- code under test (newest commit outside bench/): {label}: {', '.join(which)}"
+        )
     for machine in machines.values():
         ram = machine.get("ram_bytes")
         notes.append(
@@ -297,6 +302,8 @@ def write_table(results_dir: Path) -> Path:
         bound = results[name].get("bound")
         if bound and results[name].get("met") is False:
             notes.append(f"- what bounds `{name}`: {bound}")
+        elif bound and results[name].get("met") is None:
+            notes.append(f"- `{name}`: {bound}")
     results_dir.mkdir(parents=True, exist_ok=True)
     path = results_dir / TABLE_FILE
     path.write_text("\n".join(lines + notes) + "\n")
