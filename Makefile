@@ -28,7 +28,7 @@ $(BENCH_STAMP): setup.cfg $(STAMP)
 	touch $(BENCH_STAMP)
 
 # Benchmarks run baseline and fxgate alternately in one run and report medians and ratios;
-# results in bench/results/, the table in README.md (issue 5).
+# results and the table (bench/results/README-table.md) in bench/results/ (issue 5).
 bench: deps $(BENCH_STAMP)
 	$(VENV)/bin/python -m bench.run $(BENCH_ARGS)
 

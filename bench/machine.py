@@ -82,6 +82,9 @@ def _filesystem(path: Path) -> str | None:
     return kind
 
 
+PRODUCT_PATHS = ("actors", "persistence", "spark", "configs", "setup.cfg", "pyproject.toml")
+
+
 def git_state() -> dict:
     """The commit the code under test comes from, and tracked files changed since (outside
     bench/): others commit to this tree while benchmarks run."""
@@ -102,9 +105,9 @@ def git_state() -> dict:
     ]
     return {
         "commit": git("rev-parse", "--short=12", "HEAD").strip() or None,
-        # The newest commit that touched anything but the benchmarks: the code under test.
+        # The newest commit that touched the code under test (not the benchmarks, not docs).
         "product_commit": git(
-            "log", "-1", "--format=%h", "--abbrev=12", "--", ".", ":!bench"
+            "log", "-1", "--format=%h", "--abbrev=12", "--", *PRODUCT_PATHS
         ).strip()
         or None,
         "changed_files": changed,

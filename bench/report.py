@@ -13,6 +13,8 @@ from pathlib import Path
 import matplotlib
 import matplotlib.ticker
 
+from bench.machine import PRODUCT_PATHS
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
@@ -259,7 +261,8 @@ def write_table(results_dir: Path) -> Path:
         commits.setdefault(label, []).append(name)
     for label, which in commits.items():
         notes.append(
-            f"- code under test (newest commit outside bench/): {label}: {', '.join(which)}"
+            f"- code under test (newest commit touching {', '.join(PRODUCT_PATHS)}): {label}: "
+            f"{', '.join(which)}"
         )
     for machine in machines.values():
         ram = machine.get("ram_bytes")
