@@ -6,6 +6,7 @@ of `--only ingest-qos1` refreshes its row and keeps the others (each row says wh
 
 from __future__ import annotations
 
+import importlib
 import json
 import textwrap
 from pathlib import Path
@@ -18,14 +19,8 @@ from bench.machine import PRODUCT_PATHS
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-ORDER = (
-    "ingest-qos1",
-    "ingest-qos2",
-    "durability-qos1",
-    "durability-qos2",
-    "batched-100",
-    "batched-50",
-)
+# Table order: by name prefix, then by name.
+ORDER = ("ingest", "forward", "batched", "latency", "recovery", "memory", "durability", "loss")
 TABLE_FILE = "README-table.md"
 
 
@@ -38,7 +33,21 @@ def write_result(results_dir: Path, result: dict) -> Path:
     return path
 
 
+def _module(result: dict):
+    """The module that wrote a result of its own shape (latency, memory, ...), or None for the
+    baseline-vs-fxgate shape of `bench.benchmarks`."""
+    name = result.get("module")
+    return importlib.import_module(name) if name else None
+
+
 def plot_result(results_dir: Path, result: dict) -> Path:
+    module = _module(result)
+    if module is not None and hasattr(module, "plot"):
+        return module.plot(results_dir, result)
+    return _plot_samples(results_dir, result)
+
+
+def _plot_samples(results_dir: Path, result: dict) -> Path:
     """Every sample in run order: drift or one odd round shows at a glance. Against an absolute
     target, baseline and fxgate get a panel each (their scales differ by an order of magnitude)."""
     path = results_dir / f"{result['name']}.png"
@@ -126,6 +135,9 @@ def _met(result: dict) -> str:
 
 
 def _rows(result: dict) -> list[list[str]]:
+    module = _module(result)
+    if module is not None:
+        return module.rows(result)
     name, unit = result["name"], result["unit"]
     setup = result["setup"]
     n = len(result["fxgate"]["samples"])
@@ -209,7 +221,11 @@ def write_table(results_dir: Path) -> Path:
             continue
         if isinstance(doc, dict) and doc.get("kind") == "fxgate-bench":
             results[doc["name"]] = doc
-    names = [n for n in ORDER if n in results] + sorted(set(results) - set(ORDER))
+    def rank(name: str) -> tuple[int, str]:
+        prefix = name.split("-")[0]
+        return (ORDER.index(prefix) if prefix in ORDER else len(ORDER), name)
+
+    names = sorted(results, key=rank)
     header = [
         "benchmark",
         "what",
@@ -276,7 +292,7 @@ def write_table(results_dir: Path) -> Path:
     others = [
         (s.get("machine_load") or {}).get("other_cores")
         for name in names
-        for s in results[name]["raw"]
+        for s in results[name].get("raw", [])
     ]
     others = [o for o in others if o is not None]
     if others:

@@ -23,10 +23,25 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from bench import machine
-from bench.benchmarks import BENCHMARKS, Context, Settings
+from bench.benchmarks import Context, Settings
+from bench.registry import BENCHMARKS
 from bench.report import plot_result, write_result, write_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def headline(result: dict) -> str:
+    """One line for the console: a module's own `headline`, else baseline vs fxgate."""
+    met = "" if result.get("met") is None else f", target met: {result['met']}"
+    if result.get("headline"):
+        return result["headline"] + met
+    ratio = result.get("ratio")
+    return (
+        f"baseline {result['baseline']['median']:,.0f}, fxgate "
+        f"{result['fxgate']['median']:,.0f} {result['unit']}"
+        + (f", ratio {ratio:.2f}" if ratio else "")
+        + met
+    )
 
 
 def select(only: list[str] | None, quick: bool) -> list:
@@ -48,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         action="extend",
         metavar="NAME",
-        help="benchmarks to run (a name or a prefix: ingest, durability, batched)",
+        help="benchmarks to run (a name or a prefix: ingest, forward, batched, latency, recovery, memory, durability, loss)",
     )
     parser.add_argument(
         "--quick",
@@ -127,15 +142,7 @@ def main(argv: list[str] | None = None) -> int:
             )
             write_result(results_dir, result)
             plot_result(results_dir, result)
-            ratio = result.get("ratio")
-            print(
-                f"   {bench.name}: baseline {result['baseline']['median']:,.0f}, fxgate "
-                f"{result['fxgate']['median']:,.0f} {result['unit']}"
-                + (f", ratio {ratio:.2f}" if ratio else "")
-                + ("" if result.get("met") is None else f", target met: {result['met']}")
-                + f" ({result['seconds']:.0f} s)",
-                flush=True,
-            )
+            print(f"   {bench.name}: {headline(result)} ({result['seconds']:.0f} s)", flush=True)
     finally:
         ctx.close()
         table = write_table(results_dir)

@@ -1,0 +1,3 @@
+"""Not written yet (issue 5)."""
+
+BENCHMARKS: tuple = ()
