@@ -305,6 +305,10 @@ class BufferConfig(_Section):
 class LedgerConfig(_Section):
     group_commit_max_messages: int = Field(200, ge=1)
     group_commit_max_delay_seconds: float = Field(0.005, ge=0)
+    # What the source connection may hand the ledger before the ledger has taken it; past either
+    # limit paho's thread stops reading the socket (actors/intake.py says why).
+    intake_max_messages: int = Field(2000, ge=2)
+    intake_max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # How each row's message_id is formed (persistence.keys.READ_KEYS).
     idempotency_key: Literal["payload_hash", "read_fields"] = "payload_hash"
 

@@ -24,6 +24,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
+from actors.intake import IntakeGate, packet_size
 from actors.mqtt_client import EpochClient, InboundPublish, InboundPubrel, LedgerClient
 
 log = logging.getLogger(__name__)
@@ -75,16 +76,23 @@ class Inbound:
     acks: object  # actors.mqtt_client.AckSender
 
 
-def ledger_client_factory(listener) -> Callable[[str, Callable[[], float]], EpochClient]:
-    """Source connections: every inbound PUBLISH/PUBREL goes to `listener` (the InboundLedger)."""
+def ledger_client_factory(
+    listener, intake: IntakeGate | None = None
+) -> Callable[[str, Callable[[], float]], EpochClient]:
+    """Source connections: every inbound PUBLISH/PUBREL goes to `listener` (the InboundLedger),
+    through `intake` if given (the ledger then reports each packet it takes to the same gate)."""
 
     def make(client_id: str, monotonic: Callable[[], float]) -> EpochClient:
         client: LedgerClient | None = None
 
         def forward(packet) -> None:
+            if intake is not None:
+                intake.admit(packet_size(packet))
             listener.tell(Inbound(packet, client))
 
         client = LedgerClient(client_id, forward, forward, monotonic)
+        if intake is not None:
+            client.on_stopping = intake.interrupt
         return client
 
     return make
@@ -186,6 +194,8 @@ class ConnectionActor(pykka.ThreadingActor):
         self._cancel_timer()
         client = self._client
         if client is not None:
+            # paho's thread may be waiting for the ledger to take what it was handed.
+            client.on_stopping()
             if client.is_connected():
                 # A normal DISCONNECT keeps the session (and our queue) on the broker.
                 client.disconnect()

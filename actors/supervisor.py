@@ -19,10 +19,11 @@ import pykka
 from actors.buffer import TierTwoBuffer
 from actors.clock import Clock
 from actors.config import Config
-from actors.connection import ConnectionActor, ConnectionSettings
+from actors.connection import ConnectionActor, ConnectionSettings, ledger_client_factory
+from actors.intake import IntakeGate
 from actors.pack import PackActor
 from actors.upstream_client import UpstreamClient
-from persistence.inbound_ledger import Committed, InboundLedger
+from persistence.inbound_ledger import InboundLedger
 from persistence.outbound_ledger import OutboundLedger
 from spark.writer import BatchWritten, ReplayBatch, SparkWriterActor
 
@@ -119,6 +120,7 @@ class Supervisor:
             session_closer = stop_session
         self._session_closer = session_closer
         self._actors: list[tuple[str, pykka.ActorRef]] = []
+        self.intake: IntakeGate | None = None
         self._batch_lock = threading.Lock()
         self.last_batch: BatchWritten | None = None
         self.batches_written = 0
@@ -134,6 +136,9 @@ class Supervisor:
             log.info("%s", line)
         for warning in cfg.warnings():
             log.warning("%s", warning)
+        self.intake = IntakeGate(
+            cfg.ledger.intake_max_messages, cfg.ledger.intake_max_bytes, self.clock.monotonic
+        )
         try:
             ledger = self._start(
                 "ledger",
@@ -145,6 +150,7 @@ class Supervisor:
                 group_commit_max_delay=cfg.ledger.group_commit_max_delay_seconds,
                 # A landed key is kept as long as the broker may still redeliver its message.
                 retention_seconds=cfg.source.session_expiry_interval_seconds + 600.0,
+                intake=self.intake,
             )
             recovery = ledger.proxy().recovery().get(timeout=ASK_TIMEOUT)
             writer = self._start(
@@ -177,12 +183,18 @@ class Supervisor:
                 linger_seconds=cfg.packs.linger_seconds,
                 next_pack_id=recovery.next_pack_id,
             )
-            ledger.proxy().set_listener(pack).get(timeout=ASK_TIMEOUT)
+            # The open batches go first, then the ledger hands on its loose rows (recovery).
             for batch_id, records in recovery.open_batches:
                 writer.tell(ReplayBatch(batch_id, records))
-            if recovery.loose:
-                pack.tell(Committed(recovery.loose))
-            self._start("source", ConnectionActor, source_settings(cfg), self.clock, ledger)
+            ledger.proxy().set_listener(pack).get(timeout=ASK_TIMEOUT)
+            self._start(
+                "source",
+                ConnectionActor,
+                source_settings(cfg),
+                self.clock,
+                ledger,
+                client_factory=ledger_client_factory(ledger, self.intake),
+            )
         except Exception:
             self.stop()
             raise
@@ -204,7 +216,9 @@ class Supervisor:
             ack_strategy=cfg.packs.ack_strategy,
             retries=cfg.packs.retries,
         )
-        writer.proxy().set_landed_listener(outbound).get(timeout=ASK_TIMEOUT)
+        # Not waited for: the writer may still be starting its Spark session (55 s was seen on a
+        # loaded machine), and its mailbox keeps this ahead of every pack anyway.
+        writer.proxy().set_landed_listener(outbound)
         buffer = self._start(
             "buffer",
             TierTwoBuffer,
@@ -302,6 +316,8 @@ class Supervisor:
                     out[name] = ask(ref)
         except (pykka.Timeout, pykka.ActorDeadError):
             out["stale"] = True
+        if self.intake is not None:
+            out["intake"] = asdict(self.intake.stats())
         with self._batch_lock:
             out["batches_written"] = self.batches_written
             out["last_batch"] = asdict(self.last_batch) if self.last_batch else None

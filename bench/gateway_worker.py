@@ -148,7 +148,7 @@ PROBE = Probe()
 
 
 def install_probe() -> None:
-    send_ack = LedgerClient.send_ack
+    send_acks = LedgerClient.send_acks
     on_batch = Supervisor._on_batch
 
     def timed_on_batch(self, batch):
@@ -158,18 +158,18 @@ def install_probe() -> None:
 
     Supervisor._on_batch = timed_on_batch
 
-    def counted_send_ack(self, epoch, kind, packet_id):
-        sent = send_ack(self, epoch, kind, packet_id)
+    def counted_send_acks(self, epoch, acks):
+        sent = send_acks(self, epoch, acks)
         # Only the ledger's thread sends acks: the counter needs no lock.
-        if sent and kind is PROBE.final:
-            PROBE.count += 1
-            if PROBE.count == PROBE.target:
+        if sent and not PROBE.done.is_set():
+            PROBE.count += sum(1 for kind, _ in acks if kind is PROBE.final)
+            if PROBE.count >= PROBE.target:
                 PROBE.done_at = time.monotonic()
                 PROBE.done_cpu = CpuSnapshot(PROBE.broker_pid)
                 PROBE.done.set()
         return sent
 
-    LedgerClient.send_ack = counted_send_ack
+    LedgerClient.send_acks = counted_send_acks
 
 
 def jvm_alive(session) -> bool:

@@ -18,11 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pykka
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, func, select
 
 from actors.clock import Clock, TimerHandle
 from actors.connection import Inbound, SessionEnded, SessionStarted
 from actors.crashpoints import crash_point
+from actors.intake import IntakeGate, packet_size
 from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
 from persistence import database as db
 from persistence.keys import message_key as default_message_key
@@ -57,16 +58,27 @@ class Committed:
 @dataclass(frozen=True)
 class Recovery:
     """What a previous run left unfinished: batches begun but not committed (replay them as they
-    were), and committed rows not yet in a batch (pack them again)."""
+    were), and the number of committed rows not yet in a batch (the ledger hands them to its
+    listener again, from the database, a chunk at a time)."""
 
     open_batches: tuple[tuple[int, tuple[LedgerRecord, ...]], ...]
-    loose: tuple[LedgerRecord, ...]
+    loose: int
     next_pack_id: int
 
 
 @dataclass(frozen=True, slots=True)
 class _Flush:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class _ReleaseHeld:
+    pass
+
+
+# Held rows go back to the listener this many at a time, each chunk a message of its own, so a
+# Pause that arrives meanwhile stops the release between two chunks.
+RELEASE_CHUNK = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +104,16 @@ class _Group:
         return len(self.acks)
 
 
+def _send_acks(acks: Sequence[tuple[AckSender, int, AckKind, int]]) -> None:
+    """Send in order, one call per connection and epoch."""
+    by_connection: dict[tuple[int, int], tuple[AckSender, int, list[tuple[AckKind, int]]]] = {}
+    for sender, epoch, kind, packet_id in acks:
+        entry = by_connection.setdefault((id(sender), epoch), (sender, epoch, []))
+        entry[2].append((kind, packet_id))
+    for sender, epoch, items in by_connection.values():
+        sender.send_acks(epoch, items)
+
+
 class InboundLedger(pykka.ThreadingActor):
     def __init__(
         self,
@@ -103,6 +125,7 @@ class InboundLedger(pykka.ThreadingActor):
         group_commit_max_delay: float = 0.005,
         retention_seconds: float = 3600.0 + 600.0,
         key: Callable[[str, bytes], str] = default_message_key,
+        intake: IntakeGate | None = None,
     ) -> None:
         super().__init__()
         self._path = Path(path)
@@ -112,6 +135,7 @@ class InboundLedger(pykka.ThreadingActor):
         self._group_delay = group_commit_max_delay
         self._retention = retention_seconds
         self._key = key
+        self._intake = intake
         self._listener: pykka.ActorRef | None = None
         self._conn: Connection | None = None
         self._group = _Group()
@@ -122,12 +146,21 @@ class InboundLedger(pykka.ThreadingActor):
         self.counts = {"accepted": 0, "duplicates": 0, "unknown_pubrel": 0, "commits": 0}
         self._pauses: set[str] = set()
         self._held_acks: list[tuple[AckSender, int, AckKind, int]] = []
+        # While paused (and until the listener has caught up after a resume), committed rows are
+        # not handed on but left in the database from this seq on: memory stays flat however long
+        # the pause, and however many messages the broker sends past our Receive Maximum.
+        self._held_from: int | None = None
+        self._last_seq = 0
 
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
         self._engine = db.open_engine(self._path, self._durability)
         self._conn = self._engine.connect()
+        # The per-message INSERT goes straight to sqlite3, inside the transaction SQLAlchemy
+        # opened: SQLAlchemy's per-statement work cost more than the insert itself (py-spy, the
+        # ingest benchmark).
+        self._insert_cursor = self._conn.connection.driver_connection.cursor()
         rows = self._conn.execute(
             select(db.inbound.c.packet_id, db.inbound.c.seq, db.inbound.c.message_key).where(
                 db.inbound.c.packet_id.isnot(None)
@@ -143,6 +176,8 @@ class InboundLedger(pykka.ThreadingActor):
         )
 
     def on_stop(self) -> None:
+        if self._intake is not None:
+            self._intake.close()
         self._commit()
         if self._conn is not None:
             self._conn.close()
@@ -150,6 +185,9 @@ class InboundLedger(pykka.ThreadingActor):
         log.info("inbound ledger closed")
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
+        if self._intake is not None:
+            # Nothing will be taken any more: let the source's network thread go.
+            self._intake.close()
         if self._conn is not None:
             self._conn.close()
 
@@ -158,15 +196,20 @@ class InboundLedger(pykka.ThreadingActor):
     def set_listener(self, listener: pykka.ActorRef) -> None:
         """The actor told `Committed` after each group commit (the PackActor)."""
         self._listener = listener
+        self._release_held()
 
     # -- the inbound protocol ---------------------------------------------------------------
 
     def on_receive(self, message: object) -> None:
         if isinstance(message, Inbound):
-            if isinstance(message.packet, InboundPublish):
-                self._on_publish(message.packet, message.acks)
-            else:
-                self._on_pubrel(message.packet, message.acks)
+            try:
+                if isinstance(message.packet, InboundPublish):
+                    self._on_publish(message.packet, message.acks)
+                else:
+                    self._on_pubrel(message.packet, message.acks)
+            finally:
+                if self._intake is not None:
+                    self._intake.taken(packet_size(message.packet))
         elif isinstance(message, _Flush):
             self._flush_pending = False
             self._commit()
@@ -183,8 +226,10 @@ class InboundLedger(pykka.ThreadingActor):
             if not self._pauses:
                 held, self._held_acks = self._held_acks, []
                 log.info("source resumed (%s): releasing %d held acks", message.reason, len(held))
-                for acks, epoch, kind, packet_id in held:
-                    acks.send_ack(epoch, kind, packet_id)
+                _send_acks(held)
+                self._release_held()
+        elif isinstance(message, _ReleaseHeld):
+            self._release_held()
         else:
             log.warning("inbound ledger ignored %r", message)
 
@@ -239,14 +284,19 @@ class InboundLedger(pykka.ThreadingActor):
         assert self._conn is not None
         received = self._clock.wall()
         expires = None if publish.expiry_interval is None else received + publish.expiry_interval
-        result = self._conn.exec_driver_sql(
+        if not self._conn.in_transaction():
+            # So that SQLAlchemy's commit() commits what the raw cursor wrote.
+            self._conn.begin()
+        cursor = self._insert_cursor
+        cursor.execute(
             "INSERT INTO inbound (message_key, topic, payload, qos, received_time, expires_at) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (message_key) DO NOTHING",
             (key, publish.topic, publish.payload, publish.qos, received, expires),
         )
-        if result.rowcount == 0:
+        if cursor.rowcount == 0:
             return None
-        seq = result.lastrowid
+        seq = cursor.lastrowid
+        self._last_seq = seq
         self._group.records.append(
             LedgerRecord(
                 seq, key, publish.topic, publish.payload, publish.qos, received, None, None, expires
@@ -304,14 +354,42 @@ class InboundLedger(pykka.ThreadingActor):
             # Committed, so safe; unacknowledged, so the broker sends no more than its window.
             self._held_acks.extend(group.acks)
         else:
-            for acks, epoch, kind, packet_id in group.acks:
-                acks.send_ack(epoch, kind, packet_id)
-        if group.records and self._listener is not None:
-            try:
-                self._listener.tell(Committed(tuple(group.records)))
-            except pykka.ActorDeadError:
-                # Shutting down: the rows are committed and the next start packs them.
-                log.info("%d committed message(s) left for the next start", len(group.records))
+            _send_acks(group.acks)
+        if group.records:
+            if self._held_from is None and not self._pauses and self._listener is not None:
+                self._hand_on(tuple(group.records))
+            elif self._held_from is None:
+                self._held_from = group.records[0].seq
+                log.info("holding committed rows from seq %d in the ledger", self._held_from)
+
+    def _hand_on(self, records: tuple[LedgerRecord, ...]) -> None:
+        assert self._listener is not None
+        try:
+            self._listener.tell(Committed(records))
+        except pykka.ActorDeadError:
+            # Shutting down: the rows are committed and the next start packs them.
+            log.info("%d committed message(s) left for the next start", len(records))
+
+    def _release_held(self) -> None:
+        """Hand held rows on, oldest first, one chunk per message while nothing pauses us."""
+        if self._held_from is None or self._pauses or self._listener is None:
+            return
+        # Rows of the open transaction are visible to this connection: commit them first, so
+        # that a row is read back here or handed on by _commit, never both.
+        self._commit()
+        c = db.inbound.c
+        records = self._records(
+            (c.seq >= self._held_from) & c.batch_id.is_(None) & c.landed_time.is_(None),
+            limit=RELEASE_CHUNK,
+        )
+        if records:
+            self._hand_on(records)
+        if len(records) < RELEASE_CHUNK:
+            log.info("held rows handed on up to seq %d", self._last_seq)
+            self._held_from = None
+        else:
+            self._held_from = records[-1].seq + 1
+            self.actor_ref.tell(_ReleaseHeld())
 
     # -- batches (asked by the Spark writer) ------------------------------------------------
 
@@ -325,18 +403,24 @@ class InboundLedger(pykka.ThreadingActor):
             .order_by(db.batches.c.batch_id)
         ):
             open_batches.append((batch_id, self._records(db.inbound.c.batch_id == batch_id)))
-        loose = self._records(db.inbound.c.batch_id.is_(None) & db.inbound.c.landed_time.is_(None))
+        c = db.inbound.c
+        loose_where = c.batch_id.is_(None) & c.landed_time.is_(None)
+        first_loose, loose = self._conn.execute(
+            select(func.min(c.seq), func.count()).where(loose_where)
+        ).one()
+        self._held_from = first_loose
+        self._last_seq = self._conn.execute(select(func.max(c.seq))).scalar() or 0
         next_pack_id = self._counter(PACK_COUNTER) + 1
         self._conn.commit()
         if open_batches or loose:
             log.info(
                 "recovery: %d unfinished batch(es) to replay, %d stored message(s) to pack",
                 len(open_batches),
-                len(loose),
+                loose,
             )
         return Recovery(tuple(open_batches), loose, next_pack_id)
 
-    def _records(self, where) -> tuple[LedgerRecord, ...]:
+    def _records(self, where, limit: int | None = None) -> tuple[LedgerRecord, ...]:
         assert self._conn is not None
         c = db.inbound.c
         rows = self._conn.execute(
@@ -353,6 +437,7 @@ class InboundLedger(pykka.ThreadingActor):
             )
             .where(where)
             .order_by(c.seq)
+            .limit(limit)
         )
         return tuple(LedgerRecord(*row) for row in rows)
 
@@ -453,5 +538,6 @@ class InboundLedger(pykka.ThreadingActor):
             "pending": pending,
             "awaiting_pubrel": len(self._awaiting_pubrel),
             "held_acks": len(self._held_acks),
+            "held_rows": 0 if self._held_from is None else self._last_seq - self._held_from + 1,
             "paused_by": sorted(self._pauses),
         }

@@ -23,11 +23,9 @@ def message_key(topic: str, payload: bytes) -> str:
     The NUL separator keeps ("a/b", b"c") and ("a/bc", b"") apart: a topic can never contain NUL
     (MQTT 5 §1.5.4 forbids U+0000 in UTF-8 strings).
     """
-    digest = hashlib.sha256()
-    digest.update(topic.encode("utf-8"))
-    digest.update(b"\0")
-    digest.update(payload)
-    return digest.hexdigest()[:_KEY_HEX_DIGITS]
+    return hashlib.sha256(b"%s\0%s" % (topic.encode("utf-8"), payload)).hexdigest()[
+        :_KEY_HEX_DIGITS
+    ]
 
 
 def read_id(message_key: str, index: int) -> str:

@@ -275,3 +275,30 @@ def test_reads_held_by_a_stalled_link_arrive_once_when_it_resumes(mosquitto, pro
     proxy.resume()
     assert ledger.wait_payloads(30) == sorted(b"s%d" % i for i in range(30))
     assert len(ledger.publishes) == 30
+
+
+class BatchingLedger(SilentLedger):
+    """Acks nothing by itself; `ack_all` then acks every PUBLISH so far in one send_acks call."""
+
+    def tell(self, message):
+        super().tell(message)
+        if hasattr(message, "acks"):
+            self.client = message.acks
+
+    def ack_all(self):
+        with self.cond:
+            publishes = list(self.publishes)
+        acks = [(AckKind.PUBACK, p.packet_id) for p in publishes]
+        return self.client.send_acks(publishes[0].epoch, acks), len(acks)
+
+
+def test_acks_sent_together_in_one_write_each_free_a_place_in_the_window(mosquitto, actors):
+    ledger = BatchingLedger()
+    actors(settings(mosquitto, qos=1, receive_maximum=10), SimulatedClock(), ledger)
+    ledger.wait_sessions(1)
+    assert mosquitto.wait_for_output("fxgate-test-gw1 1 $share/fxgate-test/zebra/fx/+/reads", 10)
+    publish_all(mosquitto.host, mosquitto.port, [(TOPIC, b"w%d" % i) for i in range(20)], qos=1)
+    ledger.wait_payloads(10)
+    # Ten PUBACKs in one queued write: the broker takes each one and sends the next ten.
+    assert ledger.ack_all() == (True, 10)
+    assert ledger.wait_payloads(20) == sorted(b"w%d" % i for i in range(20))

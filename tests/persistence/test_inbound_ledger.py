@@ -7,8 +7,10 @@ import pytest
 from actors.clock import SimulatedClock
 from actors.connection import Inbound, SessionStarted
 from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
-from persistence.inbound_ledger import Committed, InboundLedger
+from persistence import inbound_ledger
+from persistence.inbound_ledger import Committed, InboundLedger, Pause, Resume
 from persistence.keys import message_key
+from tests.harness.checks import wait_until
 
 TOPIC = "zebra/fx/fx9600-01/reads"
 
@@ -231,13 +233,20 @@ def test_recovery_replays_open_batches_and_repacks_loose_rows(start_ledger, db_p
     open_batch = proxy.begin_batch([(2, [3]), (3, [4])]).get(timeout=5)
     ledger.stop()
 
-    recovery = start_ledger().proxy().recovery().get(timeout=5)
+    restarted = start_ledger()
+    recovery = restarted.proxy().recovery().get(timeout=5)
     assert [(b, [r.seq for r in recs]) for b, recs in recovery.open_batches] == [
         (open_batch, [3, 4])
     ]
     assert [r.pack_id for r in recovery.open_batches[0][1]] == [2, 3]
-    assert [r.seq for r in recovery.loose] == [5]
+    assert recovery.loose == 1
     assert recovery.next_pack_id == 4
+    # The loose row goes to the listener once there is one, read back from the database.
+    listener = Listener()
+    restarted.proxy().set_listener(listener).get(timeout=5)
+    with listener.cond:
+        assert listener.cond.wait_for(lambda: listener.records, 5)
+    assert [r.seq for r in listener.records] == [5]
 
 
 def test_a_landed_batch_drops_its_payloads_but_keeps_keys_to_refuse_redeliveries(
@@ -320,3 +329,79 @@ def test_a_dup0_publish_reusing_a_qos1_packet_id_is_a_new_message(start_ledger, 
     ledger.tell(Inbound(publish(3, b"second", dup=False), acks))
     assert acks.wait_for(2) == [(AckKind.PUBACK, 3), (AckKind.PUBACK, 3)]
     assert [r[2] for r in rows(db_path)] == [b"first", b"second"]
+
+
+def test_while_paused_acks_and_rows_are_held_and_a_resume_hands_them_on_in_order(
+    start_ledger, db_path, monkeypatch
+):
+    monkeypatch.setattr(inbound_ledger, "RELEASE_CHUNK", 3)
+    ledger = start_ledger()
+    listener = Listener()
+    ledger.proxy().set_listener(listener).get(timeout=5)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"before"), acks))
+    acks.wait_for(1)
+    ledger.tell(Pause("tier2"))
+    for pid in range(2, 12):
+        ledger.tell(Inbound(publish(pid, b"held-%d" % pid), acks))
+    # Stored, yet neither acknowledged nor handed on.
+    assert wait_until(lambda: ledger.proxy().stats().get(timeout=5)["held_acks"] == 10, 5)
+    stats = ledger.proxy().stats().get(timeout=5)
+    assert (stats["accepted"], stats["held_rows"]) == (11, 10)
+    assert len(acks.acks) == 1
+    assert [r.payload for r in listener.records] == [b"before"]
+
+    ledger.tell(Resume("tier2"))
+    ledger.tell(Inbound(publish(12, b"after"), acks))
+    acks.wait_for(12)
+    with listener.cond:
+        assert listener.cond.wait_for(lambda: len(listener.records) >= 12, 5)
+    assert [r.payload for r in listener.records] == (
+        [b"before"] + [b"held-%d" % pid for pid in range(2, 12)] + [b"after"]
+    )
+    assert ledger.proxy().stats().get(timeout=5)["held_rows"] == 0
+
+
+def test_a_pause_during_the_release_stops_it_between_two_chunks(start_ledger, db_path, monkeypatch):
+    monkeypatch.setattr(inbound_ledger, "RELEASE_CHUNK", 3)
+    ledger = start_ledger()
+    listener = Listener()
+    ledger.proxy().set_listener(listener).get(timeout=5)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Pause("writer-backlog"))
+    for pid in range(1, 11):
+        ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
+    # The resume hands on one chunk and queues the next behind the new pause.
+    assert wait_until(lambda: ledger.proxy().stats().get(timeout=5)["held_rows"] == 10, 5)
+    ledger.tell(Resume("writer-backlog"))
+    ledger.tell(Pause("writer-backlog"))
+    stats = ledger.proxy().stats().get(timeout=5)
+    assert [r.payload for r in listener.records] == [b"m1", b"m2", b"m3"]
+    assert stats["held_rows"] == 7
+    ledger.tell(Resume("writer-backlog"))
+    with listener.cond:
+        assert listener.cond.wait_for(lambda: len(listener.records) >= 10, 5)
+    assert [r.payload for r in listener.records] == [b"m%d" % pid for pid in range(1, 11)]
+
+
+def test_rows_committed_while_paused_are_left_for_the_next_start_if_the_daemon_stops(
+    start_ledger, db_path
+):
+    ledger = start_ledger()
+    listener = Listener()
+    ledger.proxy().set_listener(listener).get(timeout=5)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Pause("tier2"))
+    for pid in range(1, 4):
+        ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
+    assert wait_until(lambda: ledger.proxy().stats().get(timeout=5)["held_rows"] == 3, 5)
+    ledger.stop()
+    assert listener.records == []
+
+    restarted = start_ledger()
+    assert restarted.proxy().recovery().get(timeout=5).loose == 3
+    again = Listener()
+    restarted.proxy().set_listener(again).get(timeout=5)
+    with again.cond:
+        assert again.cond.wait_for(lambda: len(again.records) >= 3, 5)
+    assert [r.payload for r in again.records] == [b"m1", b"m2", b"m3"]
