@@ -119,7 +119,7 @@ class TierTwoBuffer(pykka.ThreadingActor):
         while self._spilled and self._fill() <= self._low:
             pack_id, seqs = self._spilled.popleft()
             records = self._source.proxy().records(seqs).get(timeout=30)
-            pack = Pack(pack_id, tuple(dataclasses.replace(r, pack_id=pack_id) for r in records))
+            pack = Pack(pack_id, tuple(r.in_pack(pack_id) for r in records))
             self._queue.append(pack)
             self._account(pack, +1)
 

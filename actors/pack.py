@@ -7,7 +7,6 @@ in arrival order, which keeps per-reader order into the table.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -61,7 +60,7 @@ class PackAssembler:
 
     def _seal(self) -> Pack:
         pack_id, self.next_pack_id = self.next_pack_id, self.next_pack_id + 1
-        records = tuple(dataclasses.replace(r, pack_id=pack_id) for r in self._open)
+        records = tuple(r.in_pack(pack_id) for r in self._open)
         self._open = []
         return Pack(pack_id, records)
 

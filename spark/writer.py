@@ -19,8 +19,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pyarrow as pa
 import pykka
 
 from actors.backoff import Backoff
@@ -29,8 +29,15 @@ from actors.crashpoints import crash_point, crash_soon
 from actors.pack import Pack, PackSealed
 from persistence.inbound_ledger import LedgerRecord, Pause, Resume
 from persistence.keys import READ_KEYS
-from spark.schema import build_batch
-from spark.tables import DEAD_LETTERS, READS, TableWriter, clean_staging
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from spark.tables import TableWriter
+
+# pyarrow, pyspark and the modules built on them (spark.schema, spark.tables) are imported in the
+# writer's own thread, in on_start: importing them takes about a second, and the ledger and the
+# source connection need not wait for it (after a restart, ingest resumes first).
 
 log = logging.getLogger(__name__)
 
@@ -85,7 +92,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         processing_timeout: float = 20.0,
         on_batch: Callable[[BatchWritten], None] | None = None,
         idempotency_key: str = "payload_hash",
-        table_writer: Callable[[object, Path | str], TableWriter] = TableWriter,
+        table_writer: Callable[[object, Path | str], TableWriter] | None = None,
         retry_backoff: Backoff | None = None,
         landed_listener: pykka.ActorRef | None = None,
         backlog_high: int = 100_000,
@@ -125,6 +132,10 @@ class SparkWriterActor(pykka.ThreadingActor):
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
+        from spark.tables import TableWriter, clean_staging
+
+        if self._table_writer is None:
+            self._table_writer = TableWriter
         if isinstance(self._tables_dir, Path):
             removed = clean_staging(self._tables_dir)
             if removed:
@@ -229,6 +240,9 @@ class SparkWriterActor(pykka.ThreadingActor):
     # -- one batch --------------------------------------------------------------------------
 
     def _write(self, batch: ReplayBatch) -> None:
+        from spark.schema import build_batch
+        from spark.tables import DEAD_LETTERS, READS
+
         assert self._tables is not None
         batch_id, records = batch.batch_id, batch.records
         started = self._clock.monotonic()
@@ -307,6 +321,8 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     def _owned_reads(self, batch_id: int, reads: pa.Table) -> pa.Table:
         """Keep the reads whose id this batch owns, each once (first occurrence)."""
+        import pyarrow as pa
+
         ids = reads.column("message_id").to_pylist()
         owned = self._ledger.claim_reads(batch_id, ids).get()
         seen: set[str] = set()
