@@ -21,6 +21,7 @@ from pathlib import Path
 
 import psutil
 
+from actors.config import LedgerConfig
 from actors.simulate import TagEventGenerator
 from bench import machine
 from bench.diagnostics import fsync_latency, receive_maximum_overshoot
@@ -43,6 +44,9 @@ from bench.profiling import summarize_raw
 log = logging.getLogger(__name__)
 
 PY_SPY_RATE = 200
+
+# fxgate's default [ledger] intake_max_messages: what its mailbox should never exceed.
+INTAKE_MAX_MESSAGES = LedgerConfig().intake_max_messages
 
 
 # Before each sample, wait (at most Settings.quiet_timeout s) until the rest of the machine uses
@@ -584,20 +588,20 @@ def ingest(ctx: Context, qos: int) -> dict:
     check = receive_maximum_overshoot(ctx.next_dir("receive-maximum"), qos=qos)
     result["receive_maximum_check"] = check
     other = median_of(fx, lambda s: _dig(s, "machine_load", "other_cores"))
+    limit = INTAKE_MAX_MESSAGES
     result["bound"] = (
         describe_bound(story, os.cpu_count(), other)
-        + f" Flow: the ledger's mailbox held up to {inbox:,.0f} PUBLISHes (median of runs) "
-        f"although fxgate advertises Receive Maximum 200; a plain paho client that advertised "
+        + f" Flow: a plain paho client that advertised Receive Maximum "
         f"{check['receive_maximum_sent']} had {check['unacked_with_acks_held']} unacknowledged "
         f"while holding its acks but up to {check['unacked_max']:,} once it acked every "
         f"{check['ack_interval_seconds']} s: mosquitto overshoots the Receive Maximum while a "
-        "queued session drains, so paho's thread decodes the backlog into the mailbox while "
-        "the ledger commits behind it, and the Spark writer's begin_batch ask queues behind "
-        "that backlog"
+        f"queued session drains. fxgate's intake gate (at most {limit:,} PUBLISHes handed to "
+        f"the ledger and not yet taken) held its mailbox to {inbox:,.0f} (median of the runs' "
+        "deepest)"
         + (
-            f" (the JVM ran at {story['fxgate_jvm_cores']:.2f} cores in the ack window)."
-            if (story.get("fxgate_jvm_cores") or 0) < 0.05
-            else "."
+            " (its other messages, group-commit flushes and asks, come on top)."
+            if inbox is not None and inbox <= limit + 100
+            else f", above the gate's limit of {limit:,}: the gate did not hold."
         )
     )
     if qos == 2 and not ctx.settings.quick:
