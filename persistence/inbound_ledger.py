@@ -13,6 +13,7 @@ of a stored message is acknowledged again without a second row.
 from __future__ import annotations
 
 import logging
+import sqlite3
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -171,10 +172,10 @@ class InboundLedger(pykka.ThreadingActor):
     def on_start(self) -> None:
         self._engine = db.open_engine(self._path, self._durability)
         self._conn = self._engine.connect()
-        # The per-message INSERT goes straight to sqlite3, inside the transaction SQLAlchemy
+        # Per-message statements go straight to sqlite3, inside the transaction SQLAlchemy
         # opened: SQLAlchemy's per-statement work cost more than the insert itself (py-spy, the
         # ingest benchmark).
-        self._insert_cursor = self._conn.connection.driver_connection.cursor()
+        self._hot_cursor = self._conn.connection.driver_connection.cursor()
         rows = self._conn.execute(
             select(db.inbound.c.packet_id, db.inbound.c.seq, db.inbound.c.message_key).where(
                 db.inbound.c.packet_id.isnot(None)
@@ -298,11 +299,7 @@ class InboundLedger(pykka.ThreadingActor):
         assert self._conn is not None
         received = self._clock.wall()
         expires = None if publish.expiry_interval is None else received + publish.expiry_interval
-        if not self._conn.in_transaction():
-            # So that SQLAlchemy's commit() commits what the raw cursor wrote.
-            self._conn.begin()
-        cursor = self._insert_cursor
-        cursor.execute(
+        cursor = self._hot(
             "INSERT INTO inbound (message_key, topic, payload, qos, received_time, expires_at) "
             "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (message_key) DO NOTHING",
             (key, publish.topic, publish.payload, publish.qos, received, expires),
@@ -319,17 +316,22 @@ class InboundLedger(pykka.ThreadingActor):
         self.counts["accepted"] += 1
         return seq
 
-    def _seq_of(self, key: str) -> int:
+    def _hot(self, sql: str, params: tuple) -> sqlite3.Cursor:
+        """A per-message statement, straight on sqlite3 inside SQLAlchemy's transaction."""
         assert self._conn is not None
-        return self._conn.exec_driver_sql(
-            "SELECT seq FROM inbound WHERE message_key = ?", (key,)
-        ).scalar_one()
+        if not self._conn.in_transaction():
+            # So that SQLAlchemy's commit() commits what the raw cursor wrote.
+            self._conn.begin()
+        cursor = self._hot_cursor
+        cursor.execute(sql, params)
+        return cursor
+
+    def _seq_of(self, key: str) -> int:
+        (seq,) = self._hot("SELECT seq FROM inbound WHERE message_key = ?", (key,)).fetchone()
+        return seq
 
     def _set_packet_id(self, seq: int, packet_id: int | None) -> None:
-        assert self._conn is not None
-        self._conn.exec_driver_sql(
-            "UPDATE inbound SET packet_id = ? WHERE seq = ?", (packet_id, seq)
-        )
+        self._hot("UPDATE inbound SET packet_id = ? WHERE seq = ?", (packet_id, seq))
 
     def _defer_ack(self, acks: AckSender, epoch: int, kind: AckKind, packet_id: int) -> None:
         self._group.acks.append((acks, epoch, kind, packet_id))
