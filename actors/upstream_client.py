@@ -12,20 +12,22 @@ from __future__ import annotations
 
 import enum
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from paho.mqtt import _packet
-from paho.mqtt.client import MQTTMessageInfo
+from paho.mqtt.client import PUBLISH, PUBREL, MQTTMessageInfo
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 
 from actors.mqtt_client import EpochClient
+from actors.wire import decode_ack, encode_publish, encode_pubrel
 
 log = logging.getLogger(__name__)
 
 IDEMPOTENCY_PROPERTY = "fxgate-key"
+IDEMPOTENCY_KEY_BYTES = IDEMPOTENCY_PROPERTY.encode("ascii")
 
 
 class AckType(enum.Enum):
@@ -33,6 +35,13 @@ class AckType(enum.Enum):
     PUBREC = "PUBREC"
     PUBCOMP = "PUBCOMP"
     SENT = "SENT"  # a QoS 0 PUBLISH left the socket: all the acknowledgement QoS 0 gets
+
+
+_ACK_PACKET_TYPE = {
+    AckType.PUBACK: PacketTypes.PUBACK,
+    AckType.PUBREC: PacketTypes.PUBREC,
+    AckType.PUBCOMP: PacketTypes.PUBCOMP,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,31 +99,54 @@ class UpstreamClient(EpochClient):
             ),
         )
 
+    def send_publishes(self, epoch: int, messages: Sequence[OutboundPublish]) -> bool:
+        """Several QoS 1/2 PUBLISHes as one queued write (QoS 0 goes through `send_publish`,
+        whose completion paho reports as SENT)."""
+        if any(m.qos == 0 for m in messages):
+            return all([self.send_publish(epoch, m) for m in messages])
+        wire = b"".join(
+            encode_publish(
+                m.packet_id,
+                m.topic.encode("utf-8"),
+                m.payload,
+                m.qos,
+                m.dup,
+                (IDEMPOTENCY_KEY_BYTES, m.message_key.encode("utf-8")),
+                m.expiry_interval,
+            )
+            for m in messages
+        )
+        return self._on_epoch(
+            epoch,
+            f"{len(messages)} PUBLISH(es)",
+            lambda: self._packet_queue(PUBLISH, wire, 0, 1),
+        )
+
     def send_pubrel(self, epoch: int, packet_id: int) -> bool:
-        return self._on_epoch(epoch, f"PUBREL {packet_id}", lambda: self._send_pubrel(packet_id))
+        return self.send_pubrels(epoch, (packet_id,))
+
+    def send_pubrels(self, epoch: int, packet_ids: Sequence[int]) -> bool:
+        wire = b"".join(encode_pubrel(packet_id) for packet_id in packet_ids)
+        return self._on_epoch(
+            epoch, f"{len(packet_ids)} PUBREL(s)", lambda: self._packet_queue(PUBREL, wire, 0, 1)
+        )
 
     # Network thread: translate only.
 
-    def _handle_pubackcomp(self, cmd) -> MQTTErrorCode:
-        decode = _packet.decode_puback if cmd == "PUBACK" else _packet.decode_pubcomp
-        packet = decode(self._in_packet["command"], self._in_packet["packet"], self._protocol)
-        self._on_ack(
-            OutboundAck(
-                self.epoch, packet.mid, AckType(cmd), packet.reason.value, str(packet.reason)
-            )
-        )
+    def _ack(self, kind: AckType) -> MQTTErrorCode:
+        packet_id, code = decode_ack(self._in_packet["packet"])
+        # The reason's name only when it says more than "Success" (paho's ReasonCode is costly).
+        reason = "Success"
+        if code:
+            reason = str(ReasonCode(_ACK_PACKET_TYPE[kind], identifier=code))
+        self._on_ack(OutboundAck(self.epoch, packet_id, kind, code, reason))
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
+    def _handle_pubackcomp(self, cmd) -> MQTTErrorCode:
+        return self._ack(AckType(cmd))
+
     def _handle_pubrec(self) -> MQTTErrorCode:
-        packet = _packet.decode_pubrec(
-            self._in_packet["command"], self._in_packet["packet"], self._protocol
-        )
-        self._on_ack(
-            OutboundAck(
-                self.epoch, packet.mid, AckType.PUBREC, packet.reason.value, str(packet.reason)
-            )
-        )
-        return MQTTErrorCode.MQTT_ERR_SUCCESS
+        return self._ack(AckType.PUBREC)
 
     def _qos0_sent(self, _client, _userdata, mid, _reason_code, _properties) -> None:
         self._on_ack(OutboundAck(self.epoch, mid, AckType.SENT, 0, "Success"))

@@ -1,10 +1,12 @@
-"""Decoding an inbound MQTT 5 PUBLISH: only what the ledger needs, without paho's objects.
+"""The MQTT 5 packets fxgate handles per message, coded without paho's objects.
 
-paho's own decoder builds a `Properties` object for every PUBLISH and fills in every property
-field; in the ingest benchmark that alone was about a fifth of the network thread's time (py-spy:
-Properties.__init__ and Properties.clear were its two hottest frames). The ledger needs one
-property, the Message Expiry Interval; the others are stepped over, and a packet that paho would
-reject as malformed is rejected here too (MQTT 5 §3.3.2, §2.2.2).
+paho builds a `Properties` object (and a `ReasonCode`) for every PUBLISH and every ack it decodes
+or encodes; in the ingest benchmark that alone was about a fifth of the network thread's time
+(py-spy: Properties.__init__ and Properties.clear were its two hottest frames). What fxgate needs
+is small: of an inbound PUBLISH, one property (Message Expiry Interval), the others stepped over,
+and a packet paho would reject as malformed rejected here too (MQTT 5 §3.3.2, §2.2.2); of an
+outbound ack, its packet id and reason code; and outbound PUBLISH / PUBREL encoded so that many
+can go to paho's queue as one write.
 """
 
 from __future__ import annotations
@@ -99,3 +101,62 @@ def decode_publish(header: int, packet: bytes) -> Publish:
         expiry_interval=expiry,
         payload=bytes(packet[end:]),
     )
+
+
+# -- the outbound side: what the upstream connection sends and gets back ----------------------
+
+PUBLISH = 0x30
+PUBREL = 0x62  # type 6 with the reserved flags 0010 (MQTT 5 §3.6.1)
+USER_PROPERTY = 0x26
+
+
+def _varint_bytes(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _utf8(data: bytes) -> bytes:
+    return len(data).to_bytes(2, "big") + data
+
+
+def encode_publish(
+    packet_id: int,
+    topic: bytes,
+    payload: bytes,
+    qos: int,
+    dup: bool,
+    user_property: tuple[bytes, bytes] | None = None,
+    expiry_interval: int | None = None,
+) -> bytes:
+    """One MQTT 5 PUBLISH (QoS 1 or 2), as bytes for the wire."""
+    properties = b""
+    if expiry_interval is not None:
+        properties += bytes((MESSAGE_EXPIRY_INTERVAL,)) + expiry_interval.to_bytes(4, "big")
+    if user_property is not None:
+        properties += bytes((USER_PROPERTY,)) + _utf8(user_property[0]) + _utf8(user_property[1])
+    body = (
+        _utf8(topic)
+        + packet_id.to_bytes(2, "big")
+        + _varint_bytes(len(properties))
+        + properties
+        + payload
+    )
+    header = PUBLISH | (0x08 if dup else 0) | (qos << 1)
+    return bytes((header,)) + _varint_bytes(len(body)) + body
+
+
+def encode_pubrel(packet_id: int) -> bytes:
+    return bytes((PUBREL, 2)) + packet_id.to_bytes(2, "big")
+
+
+def decode_ack(packet: bytes) -> tuple[int, int]:
+    """PUBACK, PUBREC or PUBCOMP after the fixed header: (packet id, reason code). MQTT 5 lets a
+    success ack stop after the packet id (§3.4.2.1); the properties are not needed."""
+    if len(packet) < 2:
+        raise MalformedPacket("acknowledgement shorter than its packet id")
+    packet_id = int.from_bytes(packet[0:2], "big")
+    return packet_id, packet[2] if len(packet) > 2 else 0

@@ -58,6 +58,11 @@ class _PackTimeout:
     generation: int
 
 
+@dataclass(frozen=True, slots=True)
+class _Flush:
+    """Queued behind the acks already in the mailbox: one commit for all of them."""
+
+
 @dataclass
 class _Entry:
     record: LedgerRecord
@@ -74,6 +79,8 @@ class _PackState:
     attempts: int = 0
     timer: TimerHandle | None = None
     generation: int = 0
+    # Entries before this index are not "queued": _send_some need not look at them again.
+    cursor: int = 0
 
     @property
     def done(self) -> bool:
@@ -132,6 +139,10 @@ class OutboundLedger(pykka.ThreadingActor):
         self._reserved: set[int] = set()
         # In flight, but not yet sent again on the current connection (window was full).
         self._unsent: set[int] = set()
+        # Acks are recorded in the open transaction and acted on at the next _Flush: a PUBREL
+        # waits there for the commit of its 'pubrel' state.
+        self._flush_pending = False
+        self._pubrels_due: list[int] = []
         self.stats = _Stats()
 
     # -- life cycle -------------------------------------------------------------------------
@@ -184,6 +195,8 @@ class OutboundLedger(pykka.ThreadingActor):
             self._pump()
         elif isinstance(message, OutboundAck):
             self._on_ack(message)
+        elif isinstance(message, _Flush):
+            self._flush()
         elif isinstance(message, SessionStarted):
             self._on_session(message)
         elif isinstance(message, SessionEnded):
@@ -278,14 +291,20 @@ class OutboundLedger(pykka.ThreadingActor):
             return
         batch: list[_Entry] = []
         now = self._clock.wall()
-        for entry in self._current.entries:
+        current = self._current
+        entries = current.entries
+        index = current.cursor
+        while index < len(entries):
             if self._unsent or len(self._inflight) >= self._window:
                 break  # re-sends go first; batch entries are counted in _inflight already
+            entry = entries[index]
             if entry.state != "queued":
+                index += 1
                 continue  # a refused ("failed") message waits for the pack's retry
             record = entry.record
             if record.expires_at is not None and record.expires_at <= now:
                 self._give_up(entry, "expired")
+                index += 1
                 continue
             expiry = None
             if record.expires_at is not None:
@@ -300,6 +319,8 @@ class OutboundLedger(pykka.ThreadingActor):
             entry.attempts += 1
             self._inflight[packet_id] = entry
             batch.append(entry)
+            index += 1
+        current.cursor = index
         if not batch:
             if self._current.done:
                 self._pump()
@@ -312,9 +333,8 @@ class OutboundLedger(pykka.ThreadingActor):
             [(e.record.seq, e.message.packet_id, e.attempts) for e in batch],
         )
         self._db.commit()
-        for entry in batch:
-            # QoS 0 is acknowledged when paho reports it written (AckType.SENT).
-            self._client.send_publish(self._epoch, entry.message)
+        # One write for the lot; QoS 0 is acknowledged when paho reports it written (SENT).
+        self._client.send_publishes(self._epoch, [entry.message for entry in batch])
 
     def _resend_inflight(self) -> None:
         """After CONNACK: everything in flight must go again (same ids), oldest first, but no
@@ -348,6 +368,10 @@ class OutboundLedger(pykka.ThreadingActor):
     # -- acknowledgements -------------------------------------------------------------------
 
     def _on_session(self, message: SessionStarted) -> None:
+        # Acks of the old connection are committed before anything is re-sent; PUBRELs still
+        # due go out again below with everything in flight.
+        self._db.commit()
+        self._pubrels_due.clear()
         self._unsent.clear()
         self._epoch = message.epoch
         self._connected = True
@@ -386,8 +410,10 @@ class OutboundLedger(pykka.ThreadingActor):
             self._db.execute(
                 "UPDATE outbound SET state = 'pubrel' WHERE seq = ?", (entry.record.seq,)
             )
-            self._db.commit()
-            self._client.send_pubrel(self._epoch, ack.packet_id)
+            # The PUBREL leaves only after this state is committed (at the flush): a restart
+            # must re-send the PUBREL, never the PUBLISH the broker has already released.
+            self._pubrels_due.append(ack.packet_id)
+            self._schedule_flush()
             return
         if ack.kind is AckType.PUBCOMP:
             # Our PUBREL reached the broker; dying here re-sends the PUBREL after restart.
@@ -408,7 +434,6 @@ class OutboundLedger(pykka.ThreadingActor):
                 "UPDATE outbound SET state = 'failed', packet_id = NULL WHERE seq = ?",
                 (entry.record.seq,),
             )
-            self._db.commit()
         else:
             # A PUBCOMP is the end of the exchange whatever its code: 0x92 "packet id not
             # found" means the broker completed it before (our PUBREL was a repeat).
@@ -417,7 +442,23 @@ class OutboundLedger(pykka.ThreadingActor):
                 "UPDATE outbound SET state = 'acked', packet_id = NULL WHERE seq = ?",
                 (entry.record.seq,),
             )
-            self._db.commit()
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_pending:
+            self._flush_pending = True
+            self._tell(_Flush())
+
+    def _flush(self) -> None:
+        """After the acks that were waiting in the mailbox: commit, then act on them. An ack
+        not yet committed when we die is harmless: its message is re-sent with its id (QoS 2:
+        as PUBREL if 'pubrel' was committed, which the broker answers even for a finished
+        exchange; QoS 1: a duplicate the `fxgate-key` property lets a consumer drop)."""
+        self._flush_pending = False
+        self._db.commit()
+        due, self._pubrels_due = self._pubrels_due, []
+        if due and self._connected and self._client is not None:
+            self._client.send_pubrels(self._epoch, due)
         if self._unsent:
             self._flush_unsent()
         self._pump()
@@ -466,6 +507,7 @@ class OutboundLedger(pykka.ThreadingActor):
             self._pump()
             return
         self.stats.retries += 1
+        current.cursor = 0
         for entry in unacked:
             if entry.state == "failed":
                 entry.state = "queued"

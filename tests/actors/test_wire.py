@@ -7,7 +7,7 @@ from paho.mqtt.exception import MalformedPacket
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from actors.wire import decode_publish
+from actors.wire import decode_ack, decode_publish, encode_publish, encode_pubrel
 
 
 def random_properties(rng: random.Random) -> Properties:
@@ -76,3 +76,52 @@ def test_decodes_every_publish_as_paho_does():
 def test_a_malformed_publish_is_refused_as_paho_refuses_it(header, packet, reason):
     with pytest.raises(MalformedPacket, match=reason):
         decode_publish(header, packet)
+
+
+def test_an_encoded_publish_reads_back_the_same_through_paho():
+    rng = random.Random(7)
+    for _ in range(500):
+        qos = rng.choice((1, 2))
+        dup = rng.random() < 0.5
+        expiry = rng.choice((None, rng.randrange(2**32)))
+        topic = f"cloud/site-{rng.randrange(99)}/fx9600-{rng.randrange(99)}".encode()
+        payload = rng.randbytes(rng.randrange(20_000))  # past 16 KiB: a 3-byte length
+        wire = encode_publish(7, topic, payload, qos, dup, (b"fxgate-key", b"abc"), expiry)
+        header, length = wire[0], 0
+        for shift, byte in enumerate(wire[1:5]):
+            length |= (byte & 0x7F) << (7 * shift)
+            if not byte & 0x80:
+                body = wire[2 + shift :]
+                break
+        assert len(body) == length
+        paho = _packet.decode_publish(header, body, MQTTProtocolVersion.MQTTv5)
+        assert (paho.qos, paho.dup, paho.topic, paho.mid, paho.payload) == (
+            qos,
+            dup,
+            topic,
+            7,
+            payload,
+        )
+        assert paho.properties.UserProperty == [("fxgate-key", "abc")]
+        assert getattr(paho.properties, "MessageExpiryInterval", None) == expiry
+
+
+def test_a_pubrel_carries_the_reserved_flags_and_its_packet_id():
+    assert encode_pubrel(0x1234) == b"\x62\x02\x12\x34"
+
+
+@pytest.mark.parametrize(
+    ("packet", "expected"),
+    [
+        (b"\x00\x07", (7, 0)),  # success, reason code left out (MQTT 5 §3.4.2.1)
+        (b"\x00\x07\x97", (7, 0x97)),
+        (b"\x01\x00\x92\x00", (256, 0x92)),  # with an empty property length
+    ],
+)
+def test_an_ack_gives_its_packet_id_and_reason_code(packet, expected):
+    assert decode_ack(packet) == expected
+
+
+def test_an_ack_without_a_whole_packet_id_is_malformed():
+    with pytest.raises(MalformedPacket):
+        decode_ack(b"\x00")

@@ -241,6 +241,12 @@ class AckingClient:
     def send_pubrel(self, epoch, packet_id):
         return True
 
+    def send_publishes(self, epoch, messages):
+        return all([self.send_publish(epoch, m) for m in messages])
+
+    def send_pubrels(self, epoch, packet_ids):
+        return all([self.send_pubrel(epoch, p) for p in packet_ids])
+
 
 def packs_of(count, size, start=1):
     seq = start
@@ -360,6 +366,12 @@ class ScriptedClient:
             self.sent.append(("PUBREL", packet_id))
             self.cond.notify_all()
         return True
+
+    def send_publishes(self, epoch, messages):
+        return all([self.send_publish(epoch, m) for m in messages])
+
+    def send_pubrels(self, epoch, packet_ids):
+        return all([self.send_pubrel(epoch, p) for p in packet_ids])
 
     def wait_sent(self, count, timeout=10):
         with self.cond:
