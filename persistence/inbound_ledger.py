@@ -119,6 +119,17 @@ class _Group:
         return len(self.acks)
 
 
+def seq_runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
+    """Sorted, distinct seqs as inclusive (first, last) runs of consecutive numbers."""
+    runs: list[tuple[int, int]] = []
+    for seq in sorted(set(seqs)):
+        if runs and seq == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], seq)
+        else:
+            runs.append((seq, seq))
+    return runs
+
+
 def _send_acks(acks: Sequence[tuple[AckSender, int, AckKind, int]]) -> None:
     """Send in order, one call per connection and epoch."""
     by_connection: dict[tuple[int, int], tuple[AckSender, int, list[tuple[AckKind, int]]]] = {}
@@ -484,9 +495,15 @@ class InboundLedger(pykka.ThreadingActor):
             )
         )
         batch_id = result.inserted_primary_key[0]
+        # A pack's seqs are nearly always one run (arrival order): one statement per run, not
+        # per row, keeps the ledger thread (and so ingest) from stalling on a 20,000-row batch.
         self._conn.exec_driver_sql(
-            "UPDATE inbound SET pack_id = ?, batch_id = ? WHERE seq = ?",
-            [(pack_id, batch_id, seq) for pack_id, pack_seqs in packs for seq in pack_seqs],
+            "UPDATE inbound SET pack_id = ?, batch_id = ? WHERE seq BETWEEN ? AND ?",
+            [
+                (pack_id, batch_id, first, last)
+                for pack_id, pack_seqs in packs
+                for first, last in seq_runs(pack_seqs)
+            ],
         )
         if dead:
             self._conn.exec_driver_sql(

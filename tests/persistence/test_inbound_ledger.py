@@ -405,3 +405,16 @@ def test_rows_committed_while_paused_are_left_for_the_next_start_if_the_daemon_s
     with again.cond:
         assert again.cond.wait_for(lambda: len(again.records) >= 3, 5)
     assert [r.payload for r in again.records] == [b"m1", b"m2", b"m3"]
+
+
+@pytest.mark.parametrize(
+    ("seqs", "runs"),
+    [
+        ([], []),
+        ([5], [(5, 5)]),
+        ([3, 1, 2, 2], [(1, 3)]),
+        ([1, 2, 4, 5, 9], [(1, 2), (4, 5), (9, 9)]),
+    ],
+)
+def test_seqs_become_runs_of_consecutive_numbers(seqs, runs):
+    assert inbound_ledger.seq_runs(seqs) == runs
