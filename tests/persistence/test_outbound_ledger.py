@@ -12,7 +12,7 @@ import pytest
 from actors.buffer import Demand, TierTwoBuffer
 from actors.clock import RealClock, SimulatedClock
 from actors.config import load_config
-from actors.connection import SessionStarted
+from actors.connection import SessionEnded, SessionStarted
 from actors.pack import Pack, PackSealed
 from actors.routes import Route
 from actors.simulate import expected_read_ids, simulate
@@ -433,6 +433,33 @@ def test_retry_all_resends_the_unacknowledged_with_the_same_ids_then_dead_letter
     (sealed,) = writer.wait_for(lambda m: len(m) == 1)
     assert [r.dead_reason for r in sealed.pack.records] == ["forward_failed"] * 2
     assert ref.proxy().status().get(timeout=5)["dead"] == 2
+
+
+def test_an_upstream_outage_does_not_count_against_the_packs_retries(outbound_with):
+    client = ScriptedClient(answer=None)
+    ref, clock, writer = outbound_with(client, packs=packs_of(1, 2), retries=1)
+    client.wait_sent(2)
+    assert clock.wait_for_timers(1)
+    ref.tell(SessionEnded(1, "connection lost"))
+    # Ten processing timeouts of outage: nothing is given up on, nothing is even timed.
+    ref.proxy().status().get(timeout=5)
+    for _ in range(10):
+        clock.advance(20.0)
+    assert ref.proxy().status().get(timeout=5)["dead"] == 0
+    assert clock.pending() == 0
+    assert writer.messages == []
+
+    ref.tell(SessionStarted(2, True, 65535))
+    resent = client.wait_sent(4)[-2:]
+    assert [d for _, _, d, *_ in resent] == [True, True]
+    # Connected again, the pack's own budget applies: one retry, then dead letters.
+    assert clock.wait_for_timers(1)
+    clock.advance(20.0)
+    client.wait_sent(6)
+    assert clock.wait_for_timers(1)
+    clock.advance(20.0)
+    (sealed,) = writer.wait_for(lambda m: len(m) == 1)
+    assert [r.dead_reason for r in sealed.pack.records] == ["forward_failed"] * 2
 
 
 def test_skip_all_dead_letters_what_is_unacknowledged_at_the_first_timeout(outbound_with):
