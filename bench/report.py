@@ -212,6 +212,21 @@ def _rows(result: dict) -> list[list[str]]:
     return rows
 
 
+README_START = "<!-- bench-table:start -->"
+README_END = "<!-- bench-table:end -->"
+
+
+def update_readme(readme: Path, table: Path) -> bool:
+    """Put the table between the README's markers; False if the README has none."""
+    text = readme.read_text()
+    start, end = text.find(README_START), text.find(README_END)
+    if start < 0 or end < start:
+        return False
+    body = table.read_text().rstrip("\n")
+    readme.write_text(text[: start + len(README_START)] + "\n" + body + "\n" + text[end:])
+    return True
+
+
 def write_table(results_dir: Path) -> Path:
     results = {}
     for path in sorted(results_dir.glob("*.json")):
@@ -221,8 +236,9 @@ def write_table(results_dir: Path) -> Path:
             continue
         if isinstance(doc, dict) and doc.get("kind") == "fxgate-bench":
             results[doc["name"]] = doc
+
     def rank(name: str) -> tuple[int, str]:
-        prefix = name.split("-")[0]
+        prefix = name.split("-", maxsplit=1)[0]
         return (ORDER.index(prefix) if prefix in ORDER else len(ORDER), name)
 
     names = sorted(results, key=rank)

@@ -2,8 +2,9 @@
 
 Each benchmark runs its baseline and fxgate alternately in this one run on a real mosquitto and
 writes `bench/results/<name>.json` (every raw sample, medians, ratio, the machine, the command),
-`bench/results/<name>.png`, and rebuilds `bench/results/README-table.md`. Where a target is missed
-it profiles one more fxgate run with py-spy (`<name>-profile.svg`, summary in the JSON).
+`bench/results/<name>.png`, rebuilds `bench/results/README-table.md` and puts it in README.md.
+Where a target is missed it profiles one more fxgate run with py-spy (`<name>-profile.svg`,
+summary in the JSON).
 
 `--quick` runs fewer, smaller rounds of the main benchmarks and writes to `bench/results/quick/`
 so a smoke run never overwrites the full results.
@@ -25,9 +26,10 @@ from pathlib import Path
 from bench import machine
 from bench.benchmarks import Context, Settings
 from bench.registry import BENCHMARKS
-from bench.report import plot_result, write_result, write_table
+from bench.report import plot_result, update_readme, write_result, write_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
+README = RESULTS.parent.parent / "README.md"
 
 
 def headline(result: dict) -> str:
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         nargs="+",
         action="extend",
         metavar="NAME",
-        help="benchmarks to run (a name or a prefix: ingest, forward, batched, latency, recovery, memory, durability, loss)",
+        help="benchmarks to run (a name or a prefix: ingest, forward, batched, latency, "
+        "recovery, memory, durability, loss)",
     )
     parser.add_argument(
         "--quick",
@@ -147,6 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         ctx.close()
         table = write_table(results_dir)
         print(f"table: {table}  (total {time.monotonic() - began:.0f} s)", flush=True)
+        # Only a run into the committed results updates the README (never --quick).
+        if results_dir == RESULTS and update_readme(README, table):
+            print(f"README table updated: {README}", flush=True)
         if failures or args.keep_work:
             print(f"scratch kept for inspection: {work_dir}", flush=True)
         else:
