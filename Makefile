@@ -38,12 +38,12 @@ soak: deps
 	$(VENV)/bin/pytest -p no:cacheprovider -s tests/soak
 
 lint: deps
-	$(RUFF) check --config .ci/ruff.toml actors persistence spark tests
-	$(RUFF) format --check --config .ci/ruff.toml actors persistence spark tests
+	$(RUFF) check --config .ci/ruff.toml actors persistence spark tests bench
+	$(RUFF) format --check --config .ci/ruff.toml actors persistence spark tests bench
 
 format: deps
-	$(RUFF) format --config .ci/ruff.toml actors persistence spark tests
-	$(RUFF) check --fix --config .ci/ruff.toml actors persistence spark tests
+	$(RUFF) format --config .ci/ruff.toml actors persistence spark tests bench
+	$(RUFF) check --fix --config .ci/ruff.toml actors persistence spark tests bench
 
 deps: system-deps $(STAMP)
 
