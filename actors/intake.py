@@ -68,6 +68,7 @@ class IntakeGate:
         self._bytes = 0
         self._closed = False
         self._interrupts = 0
+        self._waiting = False  # the network thread is in _hold
         self._peak_messages = 0
         self._peak_bytes = 0
         self._holds = 0
@@ -88,7 +89,7 @@ class IntakeGate:
         with self._cond:
             self._messages = max(0, self._messages - 1)
             self._bytes = max(0, self._bytes - size)
-            if self._below_low():
+            if self._waiting and self._below_low():
                 self._cond.notify_all()
 
     def interrupt(self) -> None:
@@ -133,8 +134,12 @@ class IntakeGate:
             self._bytes,
         )
         interrupts = self._interrupts
-        while not self._closed and interrupts == self._interrupts and not self._below_low():
-            self._cond.wait()
+        self._waiting = True
+        try:
+            while not self._closed and interrupts == self._interrupts and not self._below_low():
+                self._cond.wait()
+        finally:
+            self._waiting = False
         held = self._monotonic() - began
         self._held_seconds += held
         if held >= SLOW_RELEASE_SECONDS:

@@ -20,11 +20,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
-from paho.mqtt import _packet
 from paho.mqtt.client import PUBACK, PUBCOMP, PUBREC
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
 
-from actors.wire import decode_publish
+from actors.wire import decode_ack, decode_publish
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +168,7 @@ class LedgerClient(EpochClient, AckSender):
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     def _handle_pubrel(self) -> MQTTErrorCode:
-        packet = _packet.decode_pubrel(
-            self._in_packet["command"], self._in_packet["packet"], self._protocol
-        )
-        self._on_pubrel_received(InboundPubrel(epoch=self.epoch, packet_id=packet.mid))
+        # A PUBREL has the same shape as the acks: packet id, then an optional reason code.
+        packet_id, _reason = decode_ack(self._in_packet["packet"])
+        self._on_pubrel_received(InboundPubrel(epoch=self.epoch, packet_id=packet_id))
         return MQTTErrorCode.MQTT_ERR_SUCCESS

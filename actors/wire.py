@@ -154,8 +154,8 @@ def encode_pubrel(packet_id: int) -> bytes:
 
 
 def decode_ack(packet: bytes) -> tuple[int, int]:
-    """PUBACK, PUBREC or PUBCOMP after the fixed header: (packet id, reason code). MQTT 5 lets a
-    success ack stop after the packet id (§3.4.2.1); the properties are not needed."""
+    """PUBACK, PUBREC, PUBREL or PUBCOMP after the fixed header: (packet id, reason code).
+    MQTT 5 lets a success stop after the packet id (§3.4.2.1); the properties are not needed."""
     if len(packet) < 2:
         raise MalformedPacket("acknowledgement shorter than its packet id")
     packet_id = int.from_bytes(packet[0:2], "big")

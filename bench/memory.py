@@ -18,6 +18,7 @@ QoS 2) and lands in the `reads` table once.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import statistics
@@ -507,6 +508,29 @@ def transitions(samples: list[dict]) -> list[dict]:
     return found
 
 
+def largest_step(samples: list[dict], key: str, start: float, end: float) -> dict | None:
+    """The largest rise between two consecutive samples in [start, end]: a flat series that
+    moved in one step (an allocator arena, a cache) reads as a slope on a least-squares fit."""
+    points = [(s["t"], s[key]) for s in samples if start <= s["t"] <= end and s.get(key)]
+    if len(points) < 2:
+        return None
+    pairs = list(itertools.pairwise(points))
+    rise, at = max((b[1] - a[1], b[0]) for a, b in pairs)
+    others = sum(max(0, b[1] - a[1]) for a, b in pairs) - rise
+    return {"rise_bytes": rise, "at_t": at, "other_rises_bytes": others}
+
+
+def step_sentence(samples: list[dict], start: float, end: float) -> str:
+    step = largest_step(samples, "python_rss", start, end)
+    if step is None or step["rise_bytes"] <= 0:
+        return ""
+    return (
+        f" Over the whole outage the Python RSS rose in steps: the largest "
+        f"{step['rise_bytes'] / MIB:.1f} MiB at {step['at_t'] - start:.0f} s into it, all "
+        f"other rises together {step['other_rises_bytes'] / MIB:.1f} MiB."
+    )
+
+
 def span(samples: list[dict], key: str, start: float, end: float) -> dict:
     values = [s[key] for s in samples if start <= s["t"] <= end and s.get(key) is not None]
     if not values:
@@ -663,6 +687,7 @@ def assemble(
         )
         + f" Upstream: {upstream_check['missing']} missing, {upstream_check['duplicates']} "
         f"duplicated; table: {len(table.missing)} missing, {len(table.duplicates)} duplicated."
+        + step_sentence(samples, start, end)
     )
     return {
         "kind": "fxgate-bench",
