@@ -143,6 +143,9 @@ class OutboundLedger(pykka.ThreadingActor):
         # waits there for the commit of its 'pubrel' state.
         self._flush_pending = False
         self._pubrels_due: list[int] = []
+        # (state, seq) decided by acks, written in one statement before anything else is
+        # written and before each commit (a later write to the same row must win).
+        self._states: list[tuple[str, int]] = []
         self.stats = _Stats()
 
     # -- life cycle -------------------------------------------------------------------------
@@ -175,6 +178,7 @@ class OutboundLedger(pykka.ThreadingActor):
         )
 
     def on_stop(self) -> None:
+        self._commit()  # the acks decided so far: fewer re-sends after the next start
         self._db.close()
         log.info("outbound ledger closed")
 
@@ -331,13 +335,14 @@ class OutboundLedger(pykka.ThreadingActor):
                 self._pump()
             return
         # Persist before any of these PUBLISHes can reach the wire.
+        self._write_states()
         self._db.executemany(
             "INSERT INTO outbound (seq, packet_id, state, attempts) VALUES (?, ?, 'publish', ?) "
             "ON CONFLICT (seq) DO UPDATE SET packet_id = excluded.packet_id, "
             "state = 'publish', attempts = excluded.attempts",
             [(e.record.seq, e.message.packet_id, e.attempts) for e in batch],
         )
-        self._db.commit()
+        self._commit()
         # One write for the lot; QoS 0 is acknowledged when paho reports it written (SENT).
         self._client.send_publishes(self._epoch, [entry.message for entry in batch])
 
@@ -375,7 +380,7 @@ class OutboundLedger(pykka.ThreadingActor):
     def _on_session(self, message: SessionStarted) -> None:
         # Acks of the old connection are committed before anything is re-sent; PUBRELs still
         # due go out again below with everything in flight.
-        self._db.commit()
+        self._commit()
         self._pubrels_due.clear()
         self._unsent.clear()
         self._epoch = message.epoch
@@ -394,11 +399,12 @@ class OutboundLedger(pykka.ThreadingActor):
                 self.stats.possible_duplicates += len(pubrels)
                 for entry in pubrels:
                     entry.state = "publish"
+                self._write_states()
                 self._db.executemany(
                     "UPDATE outbound SET state = 'publish' WHERE seq = ?",
                     [(e.record.seq,) for e in pubrels],
                 )
-                self._db.commit()
+                self._commit()
         if self._inflight:
             self._resend_inflight()
         if self._current is not None:
@@ -414,9 +420,7 @@ class OutboundLedger(pykka.ThreadingActor):
             # The broker has the PUBLISH; dying here re-sends it (DUP, same id) after restart.
             crash_point("after_publish_before_pubrec")
             entry.state = "pubrel"
-            self._db.execute(
-                "UPDATE outbound SET state = 'pubrel' WHERE seq = ?", (entry.record.seq,)
-            )
+            self._states.append(("pubrel", entry.record.seq))
             # The PUBREL leaves only after this state is committed (at the flush): a restart
             # must re-send the PUBREL, never the PUBLISH the broker has already released.
             self._pubrels_due.append(ack.packet_id)
@@ -437,19 +441,26 @@ class OutboundLedger(pykka.ThreadingActor):
                 ack.reason,
                 self._strategy,
             )
-            self._db.execute(
-                "UPDATE outbound SET state = 'failed', packet_id = NULL WHERE seq = ?",
-                (entry.record.seq,),
-            )
+            self._states.append(("failed", entry.record.seq))
         else:
             # A PUBCOMP is the end of the exchange whatever its code: 0x92 "packet id not
             # found" means the broker completed it before (our PUBREL was a repeat).
             entry.state = "acked"
-            self._db.execute(
-                "UPDATE outbound SET state = 'acked', packet_id = NULL WHERE seq = ?",
-                (entry.record.seq,),
-            )
+            self._states.append(("acked", entry.record.seq))
         self._schedule_flush()
+
+    def _write_states(self) -> None:
+        if self._states:
+            states, self._states = self._states, []
+            self._db.executemany(
+                "UPDATE outbound SET state = ?1, "
+                "packet_id = CASE ?1 WHEN 'pubrel' THEN packet_id ELSE NULL END WHERE seq = ?2",
+                states,
+            )
+
+    def _commit(self) -> None:
+        self._write_states()
+        self._db.commit()
 
     def _schedule_flush(self) -> None:
         if not self._flush_pending:
@@ -462,7 +473,7 @@ class OutboundLedger(pykka.ThreadingActor):
         as PUBREL if 'pubrel' was committed, which the broker answers even for a finished
         exchange; QoS 1: a duplicate the `fxgate-key` property lets a consumer drop)."""
         self._flush_pending = False
-        self._db.commit()
+        self._commit()
         due, self._pubrels_due = self._pubrels_due, []
         if due and self._connected and self._client is not None:
             self._client.send_pubrels(self._epoch, due)
@@ -543,19 +554,21 @@ class OutboundLedger(pykka.ThreadingActor):
         entry.state = "dead"
         entry.reason = reason
         self.stats.dead += 1
+        self._write_states()
         self._db.execute(
             "INSERT INTO outbound (seq, packet_id, state, attempts, reason) "
             "VALUES (?, NULL, 'dead', ?, ?) ON CONFLICT (seq) DO UPDATE SET packet_id = NULL, "
             "state = 'dead', reason = excluded.reason",
             (entry.record.seq, entry.attempts, reason),
         )
-        self._db.commit()
+        self._commit()
         log.warning("message %s not forwarded: %s", entry.record.message_key, reason)
 
     def _forget(self, seqs: tuple[int, ...]) -> None:
         """Rows in the table for good: their forwarding state is no longer needed."""
+        self._write_states()
         self._db.executemany("DELETE FROM outbound WHERE seq = ?", [(s,) for s in seqs])
-        self._db.commit()
+        self._commit()
         for seq in seqs:
             self._known.pop(seq, None)
 

@@ -2,6 +2,7 @@
 
 import os
 import re
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -460,6 +461,21 @@ def test_an_upstream_outage_does_not_count_against_the_packs_retries(outbound_wi
     clock.advance(20.0)
     (sealed,) = writer.wait_for(lambda m: len(m) == 1)
     assert [r.dead_reason for r in sealed.pack.records] == ["forward_failed"] * 2
+
+
+def test_a_refused_message_sent_again_is_stored_in_flight_not_refused(outbound_with, tmp_path):
+    client = ScriptedClient(answer=None)
+    ref, clock, _ = outbound_with(client, packs=packs_of(1, 1))
+    (first,) = client.wait_sent(1)
+    ref.tell(OutboundAck(1, first[1], AckType.PUBACK, 0x97, "Quota exceeded"))
+    assert clock.wait_for_timers(1)
+    clock.advance(20.0)  # RETRY_ALL: the refused message goes again, with a new packet id
+    again = client.wait_sent(2)[-1]
+    ref.proxy().status().get(timeout=5)
+    with sqlite3.connect(tmp_path / "outbound.sqlite") as db:
+        rows = db.execute("SELECT state, packet_id, attempts FROM outbound").fetchall()
+    # Refused, then sent again: the row says in flight, with the new id, second attempt.
+    assert rows == [("publish", again[1], 2)]
 
 
 def test_skip_all_dead_letters_what_is_unacknowledged_at_the_first_timeout(outbound_with):
