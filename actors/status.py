@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 
 from actors.config import Config
@@ -48,6 +49,11 @@ def _ledger(path: Path) -> dict:
                 "pending_messages": scalar(
                     "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
                 ),
+                # When the oldest read not yet in the table arrived: the table's lag.
+                "oldest_pending_received_time": scalar(
+                    "SELECT min(received_time) FROM inbound WHERE landed_time IS NULL"
+                ),
+                "last_pack_id": scalar("SELECT value FROM counters WHERE name = 'pack_id'"),
                 "awaiting_pubrel": scalar(
                     "SELECT count(*) FROM inbound WHERE packet_id IS NOT NULL"
                 ),
@@ -74,15 +80,20 @@ def _tables(tables_dir: Path) -> dict:
     return {name: read_table_arrow(tables_dir, name).num_rows for name in (READS, DEAD_LETTERS)}
 
 
-def collect_status(config: Config) -> dict:
+def collect_status(config: Config, now: float | None = None) -> dict:
+    now = time.time() if now is None else now
     daemon: dict = {"running": False}
     path = status_path(config)
     if path.exists():
         snapshot = json.loads(path.read_text())
         daemon = {**snapshot, "running": _pid_alive(snapshot.get("pid"))}
+    ledger = _ledger(config.gateway.ledger_path)
+    oldest = ledger.get("oldest_pending_received_time")
     return {
+        "now": now,
+        "table_lag_seconds": None if oldest is None else max(0.0, now - oldest),
         "daemon": daemon,
-        "ledger": _ledger(config.gateway.ledger_path),
+        "ledger": ledger,
         "tables": _tables(config.spark.tables_path(config.gateway.data_path)),
         "data_dir": str(config.gateway.data_path),
     }
@@ -92,7 +103,9 @@ def format_status(report: dict) -> str:
     daemon = report["daemon"]
     lines = [f"data dir:   {report['data_dir']}"]
     if daemon.get("running"):
-        lines.append(f"daemon:     running (pid {daemon.get('pid')})")
+        written = daemon.get("wall_time")
+        age = "" if written is None else f", status written {report['now'] - written:.0f} s ago"
+        lines.append(f"daemon:     running (pid {daemon.get('pid')}{age})")
     else:
         lines.append("daemon:     not running")
     source = daemon.get("source")
@@ -121,12 +134,28 @@ def format_status(report: dict) -> str:
             f"{outbound['dropped_qos0']} QoS 0 dropped"
             + (", source paused" if outbound["paused_source"] else "")
         )
+    live = daemon.get("ledger") if daemon.get("running") else None
+    if live:
+        paused = ", ".join(live.get("paused_by") or []) or "no"
+        intake = daemon.get("intake") or {}
+        lines.append(
+            f"intake:     {intake.get('waiting_messages', 0)} message(s) handed to the ledger "
+            f"and not yet stored, {live.get('held_acks', 0)} ack(s) and "
+            f"{live.get('held_rows', 0)} row(s) held; source paused: {paused}"
+        )
     ledger = report["ledger"]
     if ledger.get("exists"):
         lines.append(
             f"ledger:     {ledger['pending_messages']} message(s) not yet in the table, "
             f"{ledger['awaiting_pubrel']} QoS 2 awaiting PUBREL, "
-            f"{ledger['batches_open']} batch(es) open"
+            f"{ledger['batches_open']} batch(es) open, "
+            f"last pack {ledger.get('last_pack_id') or '-'}"
+        )
+        lag = report.get("table_lag_seconds")
+        lines.append(
+            "table lag:  none (every stored read is in the table)"
+            if lag is None
+            else f"table lag:  {lag:.1f} s (the oldest read not yet in the table arrived then)"
         )
         last = ledger.get("last_batch")
         if last:

@@ -1,0 +1,70 @@
+from actors.clock import SimulatedClock
+from actors.config import load_config
+from actors.connection import Inbound
+from actors.status import collect_status, format_status
+from persistence.inbound_ledger import InboundLedger
+from tests.persistence.test_inbound_ledger import RecordingAcks, publish
+
+
+def running_report(now: float) -> dict:
+    return {
+        "now": now,
+        "table_lag_seconds": 12.5,
+        "data_dir": "/var/lib/fxgate",
+        "daemon": {
+            "running": True,
+            "pid": 4242,
+            "wall_time": now - 3,
+            "source": {
+                "state": "waiting",
+                "client_id": "fxgate-site1-gw1",
+                "connects": 3,
+                "disconnects": 3,
+                "last_reason": "connection lost",
+            },
+            "ledger": {"held_acks": 200, "held_rows": 1800, "paused_by": ["tier2"]},
+            "intake": {"waiting_messages": 17},
+        },
+        "ledger": {
+            "exists": True,
+            "pending_messages": 2000,
+            "awaiting_pubrel": 4,
+            "batches_open": 1,
+            "last_pack_id": 77,
+            "last_batch": {"batch_id": 9, "rows": 20000, "dead_letters": 2},
+        },
+        "tables": {"reads": 180000, "dead_letters": 2},
+    }
+
+
+def test_status_names_each_connection_depth_pause_and_the_table_lag_for_a_person():
+    text = format_status(running_report(now=1_800_000_000.0))
+    assert "daemon:     running (pid 4242, status written 3 s ago)" in text
+    assert "source:     waiting as fxgate-site1-gw1" in text
+    assert "last reason: connection lost" in text
+    assert "17 message(s) handed to the ledger" in text
+    assert "200 ack(s) and 1800 row(s) held; source paused: tier2" in text
+    assert "2000 message(s) not yet in the table, 4 QoS 2 awaiting PUBREL" in text
+    assert "1 batch(es) open, last pack 77" in text
+    assert "table lag:  12.5 s" in text
+    assert "last batch: 9 (20000 rows, 2 dead letters)" in text
+
+
+def test_collect_status_measures_the_table_lag_from_the_oldest_stored_read(tmp_path):
+    config = load_config(None, {"FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data")}, "gw")
+    clock = SimulatedClock()
+    ledger = InboundLedger.start(config.gateway.ledger_path, clock, group_commit_max_delay=0.0)
+    try:
+        acks = RecordingAcks(config.gateway.ledger_path)
+        ledger.tell(Inbound(publish(1, b"first"), acks))
+        acks.wait_for(1)
+        clock.advance(30.0)
+        ledger.tell(Inbound(publish(2, b"second"), acks))
+        acks.wait_for(2)
+    finally:
+        ledger.stop()
+    report = collect_status(config, now=clock.wall() + 5.0)
+    assert report["ledger"]["pending_messages"] == 2
+    assert report["table_lag_seconds"] == 35.0
+    assert report["daemon"] == {"running": False}
+    assert "table lag:  35.0 s" in format_status(report)
