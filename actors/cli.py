@@ -117,6 +117,28 @@ def status(config_path: Path | None, as_json: bool) -> None:
         click.echo(format_status(report))
 
 
+@main.group("dead-letters")
+def dead_letters() -> None:
+    """Messages that could not become reads, or could not be forwarded, and why."""
+
+
+@dead_letters.command("list")
+@config_option
+@click.option("--reason", default=None, help="only this reason (e.g. invalid_json, expired)")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def dead_letters_list(config_path: Path | None, reason: str | None, limit: int, as_json: bool):
+    """Counts per reason, then the newest dead letters with a preview of their payload."""
+    from actors.dead_letters import dead_letters_json, format_dead_letters, load_dead_letters
+
+    config = _load(config_path)
+    letters = load_dead_letters(config.spark.tables_path(config.gateway.data_path), reason)
+    if as_json:
+        click.echo(json.dumps(dead_letters_json(letters, limit), indent=2, sort_keys=True))
+    else:
+        click.echo(format_dead_letters(letters, limit))
+
+
 @main.command()
 @config_option
 @click.option(

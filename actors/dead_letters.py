@@ -1,0 +1,92 @@
+"""`fxgate dead-letters list`: what landed in the `dead_letters` table, and why.
+
+Read with plain pyarrow from the table directory (no JVM, safe while the daemon runs: only
+committed batch partitions are visible). Counts per reason first, then the newest rows, each
+with enough of its payload to recognise it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+PAYLOAD_PREVIEW = 80
+
+
+@dataclass(frozen=True)
+class DeadLetter:
+    message_key: str
+    topic: str
+    reason: str
+    detail: str | None
+    received_time: datetime | None
+    batch_id: int | None
+    payload: bytes | None
+
+    def preview(self) -> str:
+        if self.payload is None:
+            return "-"
+        text = self.payload[:PAYLOAD_PREVIEW].decode("utf-8", errors="replace")
+        more = "…" if len(self.payload) > PAYLOAD_PREVIEW else ""
+        return repr(text + more)
+
+
+def load_dead_letters(tables_dir: Path, reason: str | None = None) -> list[DeadLetter]:
+    """Every dead letter (of one reason, if given), newest first."""
+    from spark.schema import DEAD_LETTERS_SCHEMA
+    from spark.tables import DEAD_LETTERS, read_table_arrow
+
+    table = read_table_arrow(tables_dir, DEAD_LETTERS, DEAD_LETTERS_SCHEMA)
+    letters = [
+        DeadLetter(
+            row["message_key"],
+            row["topic"],
+            row["reason"],
+            row.get("detail"),
+            row.get("received_time"),
+            row.get("batch_id"),
+            row.get("payload"),
+        )
+        for row in table.to_pylist()
+        if reason is None or row["reason"] == reason
+    ]
+    letters.sort(key=lambda d: (d.received_time is None, d.received_time), reverse=True)
+    return letters
+
+
+def format_dead_letters(letters: list[DeadLetter], limit: int) -> str:
+    if not letters:
+        return "no dead letters"
+    counts = Counter(d.reason for d in letters)
+    lines = [f"{len(letters)} dead letter(s): " + ", ".join(f"{r} {n}" for r, n in counts.items())]
+    for letter in letters[:limit]:
+        when = letter.received_time.isoformat() if letter.received_time else "-"
+        lines.append(
+            f"{when}  {letter.reason}  {letter.topic}  key {letter.message_key}  "
+            f"batch {letter.batch_id}  {letter.detail or ''}".rstrip()
+        )
+        lines.append(f"    payload {letter.preview()}")
+    if len(letters) > limit:
+        lines.append(f"… {len(letters) - limit} more (--limit)")
+    return "\n".join(lines)
+
+
+def dead_letters_json(letters: list[DeadLetter], limit: int) -> dict:
+    return {
+        "total": len(letters),
+        "by_reason": dict(Counter(d.reason for d in letters)),
+        "newest": [
+            {
+                "message_key": d.message_key,
+                "topic": d.topic,
+                "reason": d.reason,
+                "detail": d.detail,
+                "received_time": d.received_time.isoformat() if d.received_time else None,
+                "batch_id": d.batch_id,
+                "payload_preview": d.preview(),
+            }
+            for d in letters[:limit]
+        ],
+    }

@@ -1,0 +1,74 @@
+import json
+from collections import Counter
+
+import pyarrow.dataset as ds
+from click.testing import CliRunner
+
+from actors.cli import main
+from persistence.inbound_ledger import LedgerRecord
+from spark.schema import build_batch
+from spark.tables import DEAD_LETTERS, PARTITION_SCHEMA, table_path
+
+TOPIC = "zebra/fx/fx9600-01/reads"
+
+
+def write_dead_letters(tables_dir, batch_id, payloads, received=1_800_000_000.0):
+    records = [
+        LedgerRecord(i, f"key{batch_id}-{i}", TOPIC, payload, 1, received + i, 1)
+        for i, payload in enumerate(payloads)
+    ]
+    dead = build_batch(records, batch_id).dead_letters
+    # The layout Spark writes (hive partitions by date and batch_id), read back by the command.
+    ds.write_dataset(
+        dead,
+        table_path(tables_dir, DEAD_LETTERS),
+        format="parquet",
+        partitioning=ds.partitioning(PARTITION_SCHEMA, flavor="hive"),
+        basename_template=f"part-{batch_id}-{{i}}.parquet",
+        existing_data_behavior="overwrite_or_ignore",
+    )
+    return dead
+
+
+def run_cli(tmp_path, *args):
+    env = {"FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data")}
+    return CliRunner().invoke(main, ["dead-letters", "list", *args], env=env)
+
+
+def test_lists_counts_per_reason_and_the_newest_dead_letters_first(tmp_path):
+    tables = tmp_path / "data" / "tables"
+    first = write_dead_letters(tables, 1, [b"not json", b"\xff\xfe"])
+    second = write_dead_letters(tables, 2, [b"{}"], received=1_800_000_100.0)
+    reasons = Counter(first.column("reason").to_pylist() + second.column("reason").to_pylist())
+
+    result = run_cli(tmp_path)
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0].startswith("3 dead letter(s): ")
+    for reason, count in reasons.items():
+        assert f"{reason} {count}" in lines[0]
+    # Newest first: the batch-2 message arrived 100 s after the others.
+    assert "key2-0" in lines[1] and "batch 2" in lines[1]
+    assert "payload '{}'" in lines[2]
+    assert "payload 'not json'" in result.output
+
+
+def test_filters_by_reason_and_speaks_json(tmp_path):
+    tables = tmp_path / "data" / "tables"
+    dead = write_dead_letters(tables, 1, [b"not json", b"{}", b"also not json"])
+    reason = dead.column("reason").to_pylist()[0]
+    expected = dead.column("reason").to_pylist().count(reason)
+
+    result = run_cli(tmp_path, "--reason", reason, "--json", "--limit", "1")
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output)
+    assert report["total"] == expected
+    assert report["by_reason"] == {reason: expected}
+    assert len(report["newest"]) == 1
+    assert report["newest"][0]["reason"] == reason
+
+
+def test_an_empty_table_says_so(tmp_path):
+    result = run_cli(tmp_path)
+    assert result.exit_code == 0
+    assert result.output.strip() == "no dead letters"
