@@ -1,0 +1,396 @@
+"""LifecycleActor: life-cycle events for every broker connection, as Event Grid publishes them.
+
+For each configured connection (source, upstream) it emits CloudEvents 1.0 JSON events with Event
+Grid's MQTT client life-cycle schema under our own `fxgate.` type prefix (DESIGN §1):
+`MQTTClientCreatedOrUpdated` / `MQTTClientDeleted` when the configuration adds, changes or drops a
+client, and `MQTTClientSessionConnected` / `MQTTClientSessionDisconnected` for its sessions.
+
+`sequenceNumber` is Event Grid's ordering key: consumers keep, per client, the event with the
+highest number. It goes up by one at each connect and a disconnect carries the number of the
+connect it ends, so the number lives in this actor's own SQLite file and is committed *before*
+the event leaves: after a crash the next connect can only get a higher number, never reuse one a
+consumer already saw.
+
+Sinks are anything with `tell(event: dict)` (the MQTT publisher, the `events` table writer, tests).
+The actor does not know the MQTT reason codes: the caller maps them to Event Grid's reason names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import sqlite3
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Protocol
+
+import pykka
+
+from actors.clock import Clock
+from actors.connection import ConnectionSettings
+from persistence.database import SYNCHRONOUS
+
+log = logging.getLogger(__name__)
+
+TYPE_PREFIX = "fxgate."
+SESSION_CONNECTED = TYPE_PREFIX + "MQTTClientSessionConnected"
+SESSION_DISCONNECTED = TYPE_PREFIX + "MQTTClientSessionDisconnected"
+CLIENT_CREATED_OR_UPDATED = TYPE_PREFIX + "MQTTClientCreatedOrUpdated"
+CLIENT_DELETED = TYPE_PREFIX + "MQTTClientDeleted"
+
+# How many emitted events `events()` keeps for `fxgate status`; the durable record is the sinks'.
+RECENT_EVENTS = 256
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS clients (
+    client_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,                 -- the connection's role: source | upstream
+    authentication_name TEXT NOT NULL,
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    fingerprint TEXT NOT NULL,
+    created_on REAL NOT NULL,
+    updated_on REAL NOT NULL,
+    sequence_number INTEGER NOT NULL DEFAULT 0,
+    state TEXT NOT NULL,                -- configured | connected | disconnected
+    session_name TEXT,
+    last_reason TEXT,
+    last_event_time REAL
+);
+"""
+
+
+class EventSink(Protocol):
+    def tell(self, message: dict) -> object: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClientInfo:
+    """One configured connection as the life-cycle events describe it (no secrets)."""
+
+    name: str  # source | upstream
+    client_id: str
+    authentication_name: str  # the username, or the client id when anonymous
+    host: str
+    port: int
+    fingerprint: str  # changes whenever the connection's configuration does
+
+
+@dataclass(frozen=True, slots=True)
+class ClientsConfigured:
+    """Told once at start with every configured connection."""
+
+    clients: tuple[ClientInfo, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConnected:
+    client_id: str
+    session_name: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionDisconnected:
+    client_id: str
+    session_name: str
+    epoch: int
+    reason: str  # one of Event Grid's disconnection reasons, mapped by the caller
+
+
+def client_info(settings: ConnectionSettings) -> ClientInfo:
+    """The `ClientInfo` of a connection; the fingerprint covers every setting but the password.
+
+    The password stays out because a hash of a short secret can be brute-forced from the events;
+    a password change alone therefore does not count as a client update.
+    """
+    described = {
+        f.name: getattr(settings, f.name) for f in fields(settings) if f.name != "password"
+    }
+    canonical = json.dumps(described, sort_keys=True, default=list)
+    return ClientInfo(
+        name=settings.name,
+        client_id=settings.client_id,
+        authentication_name=settings.username or settings.client_id,
+        host=settings.host,
+        port=settings.port,
+        fingerprint=hashlib.sha256(canonical.encode()).hexdigest()[:16],
+    )
+
+
+def rfc3339(wall: float) -> str:
+    """UTC with microseconds and a 'Z', the form Event Grid's `time` uses."""
+    return datetime.fromtimestamp(wall, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+@dataclass
+class _Client:
+    info: ClientInfo
+    created_on: float
+    updated_on: float
+    sequence_number: int = 0
+    state: str = "configured"
+    session_name: str | None = None
+    last_reason: str | None = None
+    last_event_time: float | None = None
+
+
+class LifecycleActor(pykka.ThreadingActor):
+    def __init__(
+        self,
+        path: Path,
+        clock: Clock,
+        sinks: Sequence[EventSink],
+        source: str,
+        *,
+        durability: str = "process",
+    ) -> None:
+        super().__init__()
+        if durability not in SYNCHRONOUS:
+            raise ValueError(f"durability must be one of {sorted(SYNCHRONOUS)}")
+        self._path = Path(path)
+        self._clock = clock
+        self._sinks = tuple(sinks)
+        self._source = source
+        self._durability = durability
+        self._db: sqlite3.Connection | None = None
+        self._clients: dict[str, _Client] = {}
+        # The epoch of the connect each client's current session began with. Epochs restart at 1
+        # in every process, so this is memory only: a persisted epoch could match a new process's
+        # first connect and swallow it as a duplicate.
+        self._open: dict[str, int] = {}
+        self._recent: deque[dict] = deque(maxlen=RECENT_EVENTS)
+
+    # -- life ---------------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        # Opened here, not in __init__: sqlite3 connections refuse threads other than their own.
+        self._path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(self._path)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute(f"PRAGMA synchronous={SYNCHRONOUS[self._durability]}")
+        self._db.executescript(SCHEMA)
+        for row in self._db.execute(
+            "SELECT client_id, name, authentication_name, host, port, fingerprint, created_on,"
+            " updated_on, sequence_number, state, session_name, last_reason, last_event_time"
+            " FROM clients"
+        ):
+            info = ClientInfo(row[1], row[0], row[2], row[3], row[4], row[5])
+            self._clients[info.client_id] = _Client(info, *row[6:])
+        log.info("lifecycle store open at %s: %d client(s) known", self._path, len(self._clients))
+
+    def on_stop(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+        log.info("lifecycle store closed")
+
+    def on_receive(self, message: object) -> None:
+        if isinstance(message, SessionConnected):
+            self._on_connected(message)
+        elif isinstance(message, SessionDisconnected):
+            self._on_disconnected(message)
+        elif isinstance(message, ClientsConfigured):
+            self._on_configured(message.clients)
+        else:
+            log.warning("lifecycle actor ignored %r", message)
+
+    # -- asks ---------------------------------------------------------------------------------
+
+    def status(self) -> list[dict]:
+        """Each client's last known state, for `fxgate status` (survives restarts)."""
+        return [
+            {
+                "name": c.info.name,
+                "client_id": c.info.client_id,
+                "authentication_name": c.info.authentication_name,
+                "host": c.info.host,
+                "port": c.info.port,
+                "state": c.state,
+                "session_name": c.session_name,
+                "last_reason": c.last_reason,
+                "sequence_number": c.sequence_number,
+                "last_event_time": None
+                if c.last_event_time is None
+                else rfc3339(c.last_event_time),
+            }
+            for c in sorted(self._clients.values(), key=lambda c: (c.info.name, c.info.client_id))
+        ]
+
+    def events(self) -> list[dict]:
+        """The events emitted since this actor started, oldest first (at most RECENT_EVENTS)."""
+        return list(self._recent)
+
+    # -- configuration ------------------------------------------------------------------------
+
+    def _on_configured(self, configured: tuple[ClientInfo, ...]) -> None:
+        now = self._clock.wall()
+        wanted = {info.client_id: info for info in configured}
+        for client_id in [c for c in self._clients if c not in wanted]:
+            client = self._clients.pop(client_id)
+            self._open.pop(client_id, None)
+            self._execute("DELETE FROM clients WHERE client_id = ?", (client_id,))
+            self._emit(
+                CLIENT_DELETED,
+                f"clients/{client_id}",
+                {
+                    "clientName": client_id,
+                    "clientAuthenticationName": client.info.authentication_name,
+                },
+                client.info,
+            )
+        for info in configured:
+            client = self._clients.get(info.client_id)
+            if client is not None and client.info == info:
+                continue  # unchanged since the last start: Event Grid emits nothing either
+            if client is None:
+                client = _Client(info, created_on=now, updated_on=now)
+                self._clients[info.client_id] = client
+            else:
+                client.info = info
+                client.updated_on = now
+            self._save(client)
+            self._emit(
+                CLIENT_CREATED_OR_UPDATED,
+                f"clients/{info.client_id}",
+                {
+                    "createdOn": rfc3339(client.created_on),
+                    "updatedOn": rfc3339(client.updated_on),
+                    "clientName": info.client_id,
+                    "clientAuthenticationName": info.authentication_name,
+                    "state": "Enabled",
+                    "attributes": {"role": info.name, "host": info.host, "port": info.port},
+                },
+                info,
+            )
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def _on_connected(self, message: SessionConnected) -> None:
+        client = self._client(message.client_id)
+        open_epoch = self._open.get(message.client_id)
+        if open_epoch == message.epoch:
+            # Only an exact repeat is a duplicate: a restarted ConnectionActor counts epochs
+            # from 1 again, so a lower epoch can be a new session.
+            log.debug("duplicate connect of %s epoch %d", message.client_id, message.epoch)
+            return
+        self._open[message.client_id] = message.epoch
+        client.sequence_number += 1
+        client.state = "connected"
+        client.session_name = message.session_name
+        client.last_reason = None
+        self._emit_session(client, SESSION_CONNECTED, message.session_name, reason=None)
+
+    def _on_disconnected(self, message: SessionDisconnected) -> None:
+        client = self._client(message.client_id)
+        # No epoch check: one ConnectionActor tells its SessionStarted/SessionEnded in order and
+        # drops reports about replaced connections itself, so a disconnect ends what is open.
+        self._open.pop(message.client_id, None)
+        # The number of the connect this ends; with none open (a failed attempt, or a session
+        # from before a restart) the last one given, so the disconnect still orders after it.
+        client.state = "disconnected"
+        client.session_name = message.session_name
+        client.last_reason = message.reason
+        self._emit_session(client, SESSION_DISCONNECTED, message.session_name, message.reason)
+
+    def _emit_session(
+        self, client: _Client, event_type: str, session_name: str, reason: str | None
+    ) -> None:
+        now = self._clock.wall()
+        client.last_event_time = now
+        # Committed before any sink sees the number (module docstring).
+        self._save(client)
+        data: dict = {
+            "clientName": client.info.client_id,
+            "clientAuthenticationName": client.info.authentication_name,
+            "clientSessionName": session_name,
+            "sequenceNumber": client.sequence_number,
+        }
+        if reason is not None:
+            data["disconnectionReason"] = reason
+        subject = f"clients/{client.info.client_id}/sessions/{session_name}"
+        self._emit(event_type, subject, data, client.info, now)
+
+    def _client(self, client_id: str) -> _Client:
+        client = self._clients.get(client_id)
+        if client is None:
+            # A session of a client the configuration never announced: track it anyway (numbers
+            # must still rise); an empty fingerprint makes a later ClientsConfigured announce it.
+            log.warning("lifecycle: session of unconfigured client %s", client_id)
+            now = self._clock.wall()
+            info = ClientInfo(client_id, client_id, client_id, "", 0, "")
+            client = _Client(info, created_on=now, updated_on=now)
+            self._clients[client_id] = client
+        return client
+
+    # -- storage and sinks --------------------------------------------------------------------
+
+    def _save(self, client: _Client) -> None:
+        i = client.info
+        self._execute(
+            "INSERT OR REPLACE INTO clients (client_id, name, authentication_name, host, port,"
+            " fingerprint, created_on, updated_on, sequence_number, state, session_name,"
+            " last_reason, last_event_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                i.client_id,
+                i.name,
+                i.authentication_name,
+                i.host,
+                i.port,
+                i.fingerprint,
+                client.created_on,
+                client.updated_on,
+                client.sequence_number,
+                client.state,
+                client.session_name,
+                client.last_reason,
+                client.last_event_time,
+            ),
+        )
+
+    def _execute(self, sql: str, params: tuple) -> None:
+        assert self._db is not None
+        with self._db:  # one transaction, committed on leaving
+            self._db.execute(sql, params)
+
+    def _emit(
+        self,
+        event_type: str,
+        subject: str,
+        data: dict,
+        info: ClientInfo,
+        now: float | None = None,
+    ) -> None:
+        event = {
+            "specversion": "1.0",
+            "id": str(uuid.uuid4()),
+            "type": event_type,
+            "source": self._source,
+            "subject": subject,
+            "time": rfc3339(self._clock.wall() if now is None else now),
+            "datacontenttype": "application/json",
+            "data": data,
+        }
+        self._recent.append(event)
+        log.info(
+            "lifecycle %s: %s (%s) seq=%s reason=%s",
+            event_type.removeprefix(TYPE_PREFIX),
+            info.client_id,
+            info.name,
+            data.get("sequenceNumber", "-"),
+            data.get("disconnectionReason", "-"),
+        )
+        for sink in self._sinks:
+            try:
+                sink.tell(event)
+            except pykka.ActorDeadError:
+                # One stopped sink (say, the publisher during shutdown) must not silence the
+                # others or kill this actor.
+                log.warning(
+                    "lifecycle sink %r is gone; event %s not handed to it", sink, event["id"]
+                )
