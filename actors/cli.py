@@ -139,6 +139,42 @@ def dead_letters_list(config_path: Path | None, reason: str | None, limit: int, 
         click.echo(format_dead_letters(letters, limit))
 
 
+@dead_letters.command("replay")
+@config_option
+@click.option("--reason", default=None, help="replay the dead letters of this reason")
+@click.option("--key", "keys", multiple=True, help="replay the dead letter with this message key")
+@click.option("--all", "everything", is_flag=True, help="replay every dead letter")
+@click.option("--dry-run", is_flag=True, help="say what would be replayed, write nothing")
+def dead_letters_replay(
+    config_path: Path | None, reason: str | None, keys: tuple[str, ...], everything: bool, dry_run
+):
+    """Send dead letters through the gateway again (after a fix), each under a new key.
+
+    Writes a request into the data directory; the running daemon takes it within a second, or
+    the next start does."""
+    from actors.dead_letters import load_dead_letters
+    from persistence.replay import ReplayMessage, write_request
+
+    if not (reason or keys or everything):
+        raise click.UsageError("say which: --reason, --key (repeatable) or --all")
+    config = _load(config_path)
+    letters = load_dead_letters(config.spark.tables_path(config.gateway.data_path), reason)
+    if keys:
+        letters = [d for d in letters if d.message_key in set(keys)]
+    chosen = [d for d in letters if d.payload is not None]
+    if dry_run:
+        click.echo(f"would replay {len(chosen)} dead letter(s)")
+        return
+    request = write_request(
+        config.gateway.data_path,
+        [ReplayMessage(d.message_key, d.topic, d.payload, d.qos) for d in reversed(chosen)],
+    )
+    if request is None:
+        click.echo("nothing to replay")
+    else:
+        click.echo(f"replay of {len(chosen)} dead letter(s) requested: {request}")
+
+
 @main.command()
 @config_option
 @click.option(

@@ -24,6 +24,7 @@ class DeadLetter:
     received_time: datetime | None
     batch_id: int | None
     payload: bytes | None
+    qos: int = 1
 
     def preview(self) -> str:
         if self.payload is None:
@@ -48,6 +49,7 @@ def load_dead_letters(tables_dir: Path, reason: str | None = None) -> list[DeadL
             row.get("received_time"),
             row.get("batch_id"),
             row.get("payload"),
+            row.get("qos") or 1,
         )
         for row in table.to_pylist()
         if reason is None or row["reason"] == reason

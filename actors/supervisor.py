@@ -23,8 +23,9 @@ from actors.connection import ConnectionActor, ConnectionSettings, ledger_client
 from actors.intake import IntakeGate
 from actors.pack import PackActor
 from actors.upstream_client import UpstreamClient
-from persistence.inbound_ledger import InboundLedger
+from persistence.inbound_ledger import InboundLedger, TakeReplays
 from persistence.outbound_ledger import OutboundLedger
+from persistence.replay import pending_requests
 from spark.writer import BatchWritten, ReplayBatch, SparkWriterActor
 
 log = logging.getLogger(__name__)
@@ -326,6 +327,11 @@ class Supervisor:
         return out
 
     def write_status(self, path: Path) -> None:
+        # Once a second with the status: replay requests left by `fxgate dead-letters replay`.
+        ledger = self.ref("ledger")
+        data_dir = self.config.gateway.data_path
+        if ledger is not None and pending_requests(data_dir):
+            ledger.tell(TakeReplays(data_dir))
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(self.status(), indent=2, sort_keys=True))
         os.replace(tmp, path)

@@ -28,6 +28,7 @@ from actors.intake import IntakeGate, packet_size
 from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
 from persistence import database as db
 from persistence.keys import message_key as default_message_key
+from persistence.replay import pending_requests, read_request, replay_key
 
 log = logging.getLogger(__name__)
 
@@ -89,6 +90,13 @@ class _Flush:
 @dataclass(frozen=True, slots=True)
 class _ReleaseHeld:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class TakeReplays:
+    """Replay requests wait in this data directory (persistence.replay)."""
+
+    data_dir: Path
 
 
 # Held rows go back to the listener this many at a time, each chunk a message of its own, so a
@@ -256,6 +264,8 @@ class InboundLedger(pykka.ThreadingActor):
                 self._release_held()
         elif isinstance(message, _ReleaseHeld):
             self._release_held()
+        elif isinstance(message, TakeReplays):
+            self._take_replays(message.data_dir)
         else:
             log.warning("inbound ledger ignored %r", message)
 
@@ -336,6 +346,33 @@ class InboundLedger(pykka.ThreadingActor):
         cursor = self._hot_cursor
         cursor.execute(sql, params)
         return cursor
+
+    def _take_replays(self, data_dir: Path) -> None:
+        """Each request's messages as new rows under replay keys, committed before the request
+        file goes: taking a file twice (a crash in between) stores nothing twice."""
+        for path in pending_requests(data_dir):
+            try:
+                request, messages = read_request(path)
+            except (OSError, ValueError, KeyError) as error:
+                bad = path.with_suffix(".invalid")
+                log.error("replay request %s unreadable (%s): moved to %s", path, error, bad)
+                path.replace(bad)
+                continue
+            taken = 0
+            for m in messages:
+                publish = InboundPublish(
+                    0, 0, m.qos, False, False, m.topic, True, m.payload, None, 0.0
+                )
+                if self._insert(publish, replay_key(m.message_key, request)) is not None:
+                    taken += 1
+            self._commit()
+            path.unlink()
+            log.info(
+                "replay %s: %d message(s) taken into the ledger, %d taken before",
+                request,
+                taken,
+                len(messages) - taken,
+            )
 
     def _seq_of(self, key: str) -> int:
         (seq,) = self._hot("SELECT seq FROM inbound WHERE message_key = ?", (key,)).fetchone()

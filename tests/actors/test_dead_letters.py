@@ -6,6 +6,7 @@ from click.testing import CliRunner
 
 from actors.cli import main
 from persistence.inbound_ledger import LedgerRecord
+from persistence.replay import pending_requests, read_request
 from spark.schema import build_batch
 from spark.tables import DEAD_LETTERS, PARTITION_SCHEMA, table_path
 
@@ -72,3 +73,40 @@ def test_an_empty_table_says_so(tmp_path):
     result = run_cli(tmp_path)
     assert result.exit_code == 0
     assert result.output.strip() == "no dead letters"
+
+
+def run_replay(tmp_path, *args):
+    env = {"FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data")}
+    return CliRunner().invoke(main, ["dead-letters", "replay", *args], env=env)
+
+
+def test_replay_requests_the_chosen_dead_letters_for_the_daemon(tmp_path):
+    tables = tmp_path / "data" / "tables"
+    dead = write_dead_letters(tables, 1, [b"not json", b"{}", b"also not json"])
+    reason = dead.column("reason").to_pylist()[0]
+    chosen = [
+        (key, payload)
+        for key, payload, r in zip(
+            dead.column("message_key").to_pylist(),
+            dead.column("payload").to_pylist(),
+            dead.column("reason").to_pylist(),
+            strict=True,
+        )
+        if r == reason
+    ]
+
+    result = run_replay(tmp_path, "--reason", reason)
+    assert result.exit_code == 0, result.output
+    (path,) = pending_requests(tmp_path / "data")
+    _, messages = read_request(path)
+    assert sorted((m.message_key, m.payload) for m in messages) == sorted(chosen)
+    assert {m.topic for m in messages} == {TOPIC}
+
+
+def test_replay_needs_a_selection_and_a_dry_run_writes_nothing(tmp_path):
+    write_dead_letters(tmp_path / "data" / "tables", 1, [b"not json"])
+    assert run_replay(tmp_path).exit_code == 2
+    result = run_replay(tmp_path, "--all", "--dry-run")
+    assert result.exit_code == 0
+    assert "would replay 1 dead letter(s)" in result.output
+    assert pending_requests(tmp_path / "data") == []

@@ -4,8 +4,10 @@ import pytest
 
 from actors.clock import RealClock
 from actors.config import load_config
+from actors.dead_letters import load_dead_letters
 from actors.simulate import expected_read_ids, simulate
 from actors.supervisor import Supervisor
+from persistence.replay import ReplayMessage, replay_key, write_request
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from spark.tables import DEAD_LETTERS, read_table
 from tests.harness.mqtt import publish_all
@@ -123,3 +125,23 @@ def test_with_read_field_keys_a_read_resent_in_another_message_is_stored_once(
         ("3", "e2c3"),
     ]
     assert gateway.batches_written == 2
+
+
+def test_a_replayed_dead_letter_goes_through_the_pipeline_again_under_a_new_key(
+    gateway, mosquitto, spark_session, tmp_path
+):
+    publish_all(mosquitto.host, mosquitto.port, [("zebra/fx/fx9600-07/reads", b"{not json")])
+    assert gateway.wait_for_landed(0, dead_letters=1, timeout=60)
+    data = gateway.config.gateway.data_path
+    tables = gateway.config.spark.tables_path(data)
+    (letter,) = load_dead_letters(tables)
+    request = write_request(
+        data, [ReplayMessage(letter.message_key, letter.topic, letter.payload, letter.qos)]
+    )
+    # The daemon's once-a-second status write is where requests are noticed.
+    gateway.write_status(tmp_path / "status.json")
+    assert gateway.wait_for_landed(0, dead_letters=2, timeout=60)
+    dead = read_table(spark_session, tables, DEAD_LETTERS).collect()
+    replayed = replay_key(letter.message_key, request.name.removesuffix(".jsonl"))
+    assert sorted(d["message_key"] for d in dead) == sorted([letter.message_key, replayed])
+    assert not request.exists()

@@ -1,0 +1,81 @@
+"""Replay requests: dead letters sent through the pipeline again, after a fix.
+
+`fxgate dead-letters replay` may run while the daemon runs, and the ledger database has one
+owner (the InboundLedger), so the command does not touch it: it writes a request file into
+`<data_dir>/replay/` (written to a temporary name, then renamed, so a half-written file is never
+read). The InboundLedger takes each request as new messages under a new key,
+`<original key>/replay-<request>`, commits them and only then deletes the file. A crash between
+the two takes the same file again: the same keys, refused as duplicates, so a replay lands once.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+REPLAY_DIR = "replay"
+SUFFIX = ".jsonl"
+
+
+@dataclass(frozen=True)
+class ReplayMessage:
+    message_key: str  # the key it had: the replay's key is derived from it
+    topic: str
+    payload: bytes
+    qos: int
+
+
+def replay_key(message_key: str, request: str) -> str:
+    return f"{message_key}/replay-{request}"
+
+
+def write_request(data_dir: Path, messages: Iterable[ReplayMessage]) -> Path | None:
+    """One request file with these messages; None when there is nothing to replay."""
+    lines = [
+        json.dumps(
+            {
+                "message_key": m.message_key,
+                "topic": m.topic,
+                "payload": base64.b64encode(m.payload).decode("ascii"),
+                "qos": m.qos,
+            }
+        )
+        for m in messages
+    ]
+    if not lines:
+        return None
+    directory = Path(data_dir) / REPLAY_DIR
+    directory.mkdir(parents=True, exist_ok=True)
+    request = uuid.uuid4().hex[:12]
+    final = directory / f"{request}{SUFFIX}"
+    tmp = directory / f".{request}.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, final)
+    return final
+
+
+def pending_requests(data_dir: Path) -> list[Path]:
+    directory = Path(data_dir) / REPLAY_DIR
+    if not directory.is_dir():
+        return []
+    return sorted(directory.glob(f"*{SUFFIX}"), key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def read_request(path: Path) -> tuple[str, list[ReplayMessage]]:
+    """(request id, messages) of one request file."""
+    messages = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        row = json.loads(line)
+        messages.append(
+            ReplayMessage(
+                row["message_key"], row["topic"], base64.b64decode(row["payload"]), int(row["qos"])
+            )
+        )
+    return path.name.removesuffix(SUFFIX), messages

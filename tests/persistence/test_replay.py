@@ -1,0 +1,88 @@
+import shutil
+
+from actors.clock import SimulatedClock
+from persistence.inbound_ledger import InboundLedger, TakeReplays
+from persistence.replay import (
+    REPLAY_DIR,
+    ReplayMessage,
+    pending_requests,
+    read_request,
+    replay_key,
+    write_request,
+)
+from tests.harness.checks import wait_until
+from tests.persistence.test_inbound_ledger import Listener
+
+TOPIC = "zebra/fx/fx9600-01/reads"
+
+
+def start_ledger(tmp_path):
+    ledger = InboundLedger.start(
+        tmp_path / "ledger.sqlite", SimulatedClock(), group_commit_max_delay=0.0
+    )
+    listener = Listener()
+    ledger.proxy().set_listener(listener).get(timeout=5)
+    return ledger, listener
+
+
+def test_a_request_round_trips_through_its_file(tmp_path):
+    messages = [
+        ReplayMessage("k1", TOPIC, b"\x00\xffbytes", 2),
+        ReplayMessage("k2", TOPIC, b"{}", 1),
+    ]
+    path = write_request(tmp_path, messages)
+    assert pending_requests(tmp_path) == [path]
+    request, read = read_request(path)
+    assert read == messages
+    assert path.name == f"{request}.jsonl"
+    assert write_request(tmp_path, []) is None
+
+
+def test_the_ledger_takes_a_request_as_new_rows_under_replay_keys_and_deletes_it(tmp_path):
+    ledger, listener = start_ledger(tmp_path)
+    try:
+        path = write_request(tmp_path, [ReplayMessage("k1", TOPIC, b"fixed", 1)])
+        request = path.name.removesuffix(".jsonl")
+        ledger.tell(TakeReplays(tmp_path))
+        with listener.cond:
+            assert listener.cond.wait_for(lambda: listener.records, 5)
+        (record,) = listener.records
+        assert (record.message_key, record.payload) == (replay_key("k1", request), b"fixed")
+        assert pending_requests(tmp_path) == []
+    finally:
+        ledger.stop()
+
+
+def test_a_request_taken_twice_after_a_crash_stores_nothing_twice(tmp_path):
+    ledger, listener = start_ledger(tmp_path)
+    try:
+        path = write_request(
+            tmp_path, [ReplayMessage("k1", TOPIC, b"a", 1), ReplayMessage("k2", TOPIC, b"b", 1)]
+        )
+        kept = tmp_path / "kept.jsonl"
+        shutil.copy(path, kept)
+        ledger.tell(TakeReplays(tmp_path))
+        with listener.cond:
+            assert listener.cond.wait_for(lambda: len(listener.records) == 2, 5)
+        # As if the ledger died between its commit and the file's deletion.
+        shutil.copy(kept, path)
+        ledger.tell(TakeReplays(tmp_path))
+        assert wait_until(lambda: not pending_requests(tmp_path), 5)
+        stats = ledger.proxy().stats().get(timeout=5)
+        assert (stats["accepted"], len(listener.records)) == (2, 2)
+    finally:
+        ledger.stop()
+
+
+def test_an_unreadable_request_is_moved_aside_not_retried_forever(tmp_path):
+    ledger, listener = start_ledger(tmp_path)
+    try:
+        directory = tmp_path / REPLAY_DIR
+        directory.mkdir()
+        (directory / "broken.jsonl").write_text("{not json\n")
+        ledger.tell(TakeReplays(tmp_path))
+        assert wait_until((directory / "broken.invalid").exists, 5)
+        assert pending_requests(tmp_path) == []
+        assert listener.records == []
+    finally:
+        ledger.stop()
