@@ -183,6 +183,19 @@ class GatewayConfig(_Section):
     # max_restarts times within restart_window_seconds; past that the daemon exits 1.
     max_restarts: int = Field(3, ge=0)
     restart_window_seconds: float = Field(300.0, gt=0)
+    # The orderly stop (flush packs, commit batches, DISCONNECT keeping the session) gets this
+    # long; past it the daemon dumps every thread's stack, names what still runs and exits 3
+    # rather than hang until a service manager's SIGKILL hides why.
+    stop_timeout_seconds: float = Field(60.0, gt=0)
+    # Prometheus /metrics and /healthz over HTTP; 0 = off. Loopback by default: the endpoint
+    # has no authentication, so exposing it is a deliberate choice.
+    metrics_port: int = Field(0, ge=0, le=65535)
+    metrics_host: NonEmptyStr = "127.0.0.1"
+    # /healthz answers 503 when a connection has been down this long, when the status snapshot
+    # is this old (an actor not answering), or when rows wait and no batch landed this long.
+    health_connection_down_seconds: float = Field(120.0, gt=0)
+    health_status_stale_seconds: float = Field(30.0, gt=0)
+    health_writer_stalled_seconds: float = Field(300.0, gt=0)
 
     @property
     def data_path(self) -> Path:
@@ -435,6 +448,7 @@ class Config(BaseModel):
         conf_keys = ", ".join(sorted(spark.conf)) or "none"
         lines = [
             f"mode {gateway.mode}, durability {gateway.durability}, log level {gateway.log_level}",
+            f"stop timeout {gateway.stop_timeout_seconds:g} s, {_metrics(gateway)}",
             f"source broker {_broker(source)}",
             f"client id {identity.client_id} ({_session(source)})",
             f"environment {identity.environment_id} (from {identity.environment_source})",
@@ -476,6 +490,18 @@ class Config(BaseModel):
             ),
         ]
         return lines
+
+
+def _metrics(gateway: GatewayConfig) -> str:
+    if not gateway.metrics_port:
+        return "metrics off"
+    host = f"[{gateway.metrics_host}]" if ":" in gateway.metrics_host else gateway.metrics_host
+    return (
+        f"metrics on http://{host}:{gateway.metrics_port}/metrics (healthz: connection down > "
+        f"{gateway.health_connection_down_seconds:g} s, status older than "
+        f"{gateway.health_status_stale_seconds:g} s, writer stalled > "
+        f"{gateway.health_writer_stalled_seconds:g} s)"
+    )
 
 
 def _broker(section: SourceConfig | UpstreamConfig) -> str:

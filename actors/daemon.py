@@ -7,24 +7,40 @@ If an actor dies, every actor is stopped and started again: the ledger's recover
 in flight, so nothing is lost by restarting the whole set rather than patching one actor back into
 the others' references. At most `max_restarts` restarts within `restart_window_seconds` (on the
 injected clock); one more crash in that window and the daemon exits 1, saying which actor died.
+
+The stop is bounded: past `stop_timeout_seconds` the daemon logs which actors still run and every
+thread's stack, then exits 3 at once. SIGUSR1 logs every thread's stack and changes nothing else.
+Every second the status snapshot goes to `status.json` and, when `metrics_port` is set, to the
+`/metrics` and `/healthz` endpoint (actors/metrics.py).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import signal
+import sys
 import threading
+import traceback
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
-from actors.clock import Clock, RealClock
+import pykka
+
+from actors.clock import Clock, RealClock, TimerHandle
 from actors.config import Config
+from actors.metrics import HealthThresholds, MetricsServer, StatusBoard
 from actors.supervisor import ActorCrashed, Supervisor
 
 log = logging.getLogger(__name__)
 
 STATUS_FILE = "status.json"
 STATUS_INTERVAL = 1.0
+# Distinct from 1 (crash budget spent) so that an operator reading `systemctl status` can tell
+# a hung stop from a crash loop.
+EXIT_STOP_TIMEOUT = 3
 
 
 def configure_logging(level: str) -> None:
@@ -38,6 +54,82 @@ def configure_logging(level: str) -> None:
 
 def status_path(config: Config) -> Path:
     return config.gateway.data_path / STATUS_FILE
+
+
+def write_status_file(path: Path, snapshot: dict) -> None:
+    """Replace `status.json` atomically: `fxgate status` may read it at any moment."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(snapshot, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def dump_stacks(reason: str) -> None:
+    """Log every thread's stack at WARNING, one record per thread, named as pykka names actor
+    threads (`InboundLedger-3`), so a stuck actor shows where it waits."""
+    frames = sys._current_frames()
+    threads = threading.enumerate()
+    log.warning("stack dump (%s): %d thread(s)", reason, len(threads))
+    for thread in threads:
+        frame = frames.get(thread.ident)
+        if frame is None:
+            continue
+        stack = "".join(traceback.format_stack(frame)).rstrip()
+        log.warning(
+            "stack of thread %s (ident %s%s):\n%s",
+            thread.name,
+            thread.ident,
+            ", daemon" if thread.daemon else "",
+            stack,
+        )
+
+
+def running_actors() -> list[str]:
+    """The actor threads still alive. Read from pykka's registry rather than the supervisor,
+    because the supervisor forgets an actor as soon as it asks it to stop — and the one that
+    does not stop is the one worth naming."""
+    return sorted(
+        f"{ref.actor_class.__name__}" for ref in pykka.ActorRegistry.get_all() if ref.is_alive()
+    )
+
+
+class StopDeadline:
+    """Bounds the orderly stop on the injected clock: when `timeout` passes before `disarm`,
+    log what still runs and every stack, then end the process with EXIT_STOP_TIMEOUT. Ending it
+    at once (os._exit) is the point: a thread that hangs would also hang a normal exit."""
+
+    def __init__(
+        self,
+        clock: Clock,
+        timeout: float,
+        still_running: Callable[[], list[str]] = running_actors,
+        exit: Callable[[int], None] = os._exit,  # a test passes a recorder
+    ) -> None:
+        self._clock = clock
+        self.timeout = timeout
+        self._still_running = still_running
+        self._exit = exit
+        self._handle: TimerHandle | None = None
+
+    def arm(self) -> None:
+        if self._handle is None:
+            self._handle = self._clock.call_later(self.timeout, self._expire)
+
+    def disarm(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def _expire(self) -> None:
+        log.error(
+            "the orderly stop did not finish within %.0f s; still running: %s; "
+            "exiting %d without waiting for them",
+            self.timeout,
+            ", ".join(self._still_running()) or "no actor (the stop itself is stuck)",
+            EXIT_STOP_TIMEOUT,
+        )
+        dump_stacks("stop timeout")
+        for handler in logging.getLogger().handlers:
+            handler.flush()
+        self._exit(EXIT_STOP_TIMEOUT)
 
 
 class RestartBudget:
@@ -70,6 +162,12 @@ class Gateway:
         self.restarts = 0
         self.started = threading.Condition()
         self.generation = 0
+        cfg = config.gateway
+        self.board = StatusBoard(clock, HealthThresholds.from_config(cfg))
+        self.stop_deadline = StopDeadline(clock, cfg.stop_timeout_seconds)
+        self.metrics: MetricsServer | None = None
+        if cfg.metrics_port:
+            self.metrics = MetricsServer(cfg.metrics_host, cfg.metrics_port, self.board)
 
     def request_stop(self) -> None:
         self.stop.set()
@@ -89,11 +187,36 @@ class Gateway:
             self.started.wait_for(lambda: self.generation >= generation, timeout)
             return self.supervisor if self.generation >= generation else None
 
+    def _publish_status(self) -> None:
+        supervisor = self.supervisor
+        snapshot = supervisor.status()
+        # Totals the supervisor counts but does not put in its snapshot; /metrics needs them.
+        snapshot.setdefault("rows_written", supervisor.rows_written)
+        snapshot.setdefault("dead_letters_written", supervisor.dead_letters_written)
+        snapshot.setdefault("restarts", self.restarts)
+        self.board.publish(snapshot)
+        write_status_file(status_path(self.config), snapshot)
+
+    def _start_metrics(self) -> None:
+        try:
+            self.metrics.start()
+        except OSError as error:
+            # Reads matter more than their metrics: keep ingesting, say so loudly.
+            log.error(
+                "metrics endpoint %s:%d not started (%s); running without it",
+                self.metrics.host,
+                self.metrics.port,
+                error,
+            )
+            self.metrics = None
+
     def run(self) -> int:
         cfg = self.config.gateway
         budget = RestartBudget(cfg.max_restarts, cfg.restart_window_seconds)
         cfg.data_path.mkdir(parents=True, exist_ok=True)
         code = 0
+        if self.metrics is not None:
+            self._start_metrics()
         try:
             self._start_supervisor()
             while not self.stop.is_set():
@@ -114,7 +237,7 @@ class Gateway:
                     self.supervisor.stop()
                     self._start_supervisor()
                     continue
-                self.supervisor.write_status(status_path(self.config))
+                self._publish_status()
                 # Wake on the next tick, or at once on a stop request.
                 self.clock.call_later(STATUS_INTERVAL, self._wake.set)
                 self._wake.wait()
@@ -123,12 +246,19 @@ class Gateway:
             log.exception("fxgate failed")
             code = 1
         finally:
+            # Armed here, not in the signal handler: the clock takes a lock that the interrupted
+            # main thread may hold. Every way out of the loop passes here.
+            self.stop_deadline.arm()
             if self.supervisor is not None:
+                log.info("stopping (at most %.0f s)", cfg.stop_timeout_seconds)
                 self.supervisor.stop()
                 try:
-                    self.supervisor.write_status(status_path(self.config))
+                    self._publish_status()
                 except OSError:
                     pass
+            if self.metrics is not None:
+                self.metrics.stop()
+            self.stop_deadline.disarm()
         return code
 
 
@@ -142,8 +272,16 @@ def run(config: Config, clock: Clock | None = None) -> int:
         log.info("received %s: stopping", signal.Signals(signum).name)
         gateway.request_stop()
 
+    def on_dump(_signum: int, _frame) -> None:
+        # Logging from inside a signal handler can deadlock on a handler lock the interrupted
+        # thread holds; a short-lived thread logs instead, and works during a stuck stop too.
+        threading.Thread(
+            target=dump_stacks, args=("SIGUSR1",), name="fxgate-stack-dump", daemon=True
+        ).start()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
         previous[sig] = signal.signal(sig, on_signal)
+    previous[signal.SIGUSR1] = signal.signal(signal.SIGUSR1, on_dump)
     try:
         code = gateway.run()
     finally:

@@ -1,0 +1,411 @@
+"""Prometheus `/metrics` and `/healthz` over HTTP, read from the daemon's status snapshot.
+
+The daemon already asks every actor for its status once a second (`Supervisor.status()`); the
+endpoint serves the latest of those snapshots instead of asking the actors again, so a scrape
+never waits on a busy actor and scraping often costs the data path nothing. The health rules
+need what happened *between* snapshots (since when a connection is down, when a batch last
+landed), so `StatusBoard` remembers that, timed on the daemon's injected clock.
+
+The server runs on its own threads (`ThreadingHTTPServer`), with its own `CollectorRegistry` so
+that nothing registered globally by a library ends up in our scrape.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from actors.clock import Clock
+
+log = logging.getLogger(__name__)
+
+CONNECTIONS = ("source", "upstream")
+
+
+@dataclass(frozen=True)
+class HealthThresholds:
+    connection_down_seconds: float = 120.0
+    status_stale_seconds: float = 30.0
+    writer_stalled_seconds: float = 300.0
+
+    @classmethod
+    def from_config(cls, gateway) -> HealthThresholds:
+        return cls(
+            gateway.health_connection_down_seconds,
+            gateway.health_status_stale_seconds,
+            gateway.health_writer_stalled_seconds,
+        )
+
+
+@dataclass(frozen=True)
+class Health:
+    healthy: bool
+    reasons: tuple[str, ...]
+    status_age_seconds: float | None
+    connections_down_seconds: dict[str, float] = field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return {
+            "status": "ok" if self.healthy else "unhealthy",
+            "reasons": list(self.reasons),
+            "status_age_seconds": self.status_age_seconds,
+            "connections_down_seconds": self.connections_down_seconds,
+        }
+
+
+class StatusBoard:
+    """The latest status snapshot, and since when each thing the health rules watch has been so.
+
+    `publish` is called by the daemon's loop; `snapshot` and `health` by HTTP threads.
+    """
+
+    def __init__(self, clock: Clock, thresholds: HealthThresholds) -> None:
+        self._clock = clock
+        self.thresholds = thresholds
+        self._lock = threading.Lock()
+        self._snapshot: dict | None = None
+        # Before the first snapshot the age counts from here, so a daemon that never manages to
+        # report turns unhealthy instead of looking fine forever.
+        self._fresh_at = clock.monotonic()
+        self._down_since: dict[str, float] = {}
+        self._batches_seen: int | None = None
+        self._progress_at = self._fresh_at
+
+    def publish(self, snapshot: dict) -> None:
+        now = self._clock.monotonic()
+        with self._lock:
+            self._snapshot = snapshot
+            # A snapshot in which an ask timed out holds only part of the answers: it shows the
+            # daemon alive but does not prove the actors are.
+            if not snapshot.get("stale"):
+                self._fresh_at = now
+            for name in CONNECTIONS:
+                conn = snapshot.get(name)
+                if conn is None:
+                    if name not in _alive_actors(snapshot):
+                        self._down_since.pop(name, None)  # not configured (or not started)
+                    continue
+                if conn.get("state") == "connected":
+                    self._down_since.pop(name, None)
+                else:
+                    self._down_since.setdefault(name, now)
+            batches = snapshot.get("batches_written")
+            pending = (snapshot.get("ledger") or {}).get("pending", 0)
+            if batches != self._batches_seen or not pending:
+                self._batches_seen = batches
+                self._progress_at = now
+
+    def snapshot(self) -> dict | None:
+        with self._lock:
+            return self._snapshot
+
+    def health(self) -> Health:
+        now = self._clock.monotonic()
+        limits = self.thresholds
+        with self._lock:
+            snapshot = self._snapshot
+            age = now - self._fresh_at
+            down = {name: now - since for name, since in self._down_since.items()}
+            stalled = now - self._progress_at
+        reasons = []
+        if age > limits.status_stale_seconds:
+            what = "no status snapshot yet" if snapshot is None else "status snapshot"
+            reasons.append(
+                f"{what} for {age:.0f} s (limit {limits.status_stale_seconds:g} s): "
+                "an actor is not answering"
+            )
+        for name, seconds in sorted(down.items()):
+            if seconds > limits.connection_down_seconds:
+                state = (snapshot or {}).get(name) or {}
+                reasons.append(
+                    f"{name} connection down for {seconds:.0f} s "
+                    f"(limit {limits.connection_down_seconds:g} s, "
+                    f"last reason: {state.get('last_reason') or '-'})"
+                )
+        for name, alive in sorted(((snapshot or {}).get("actors") or {}).items()):
+            if not alive:
+                reasons.append(f"actor {name} is not alive")
+        # While a connection is down, rows waiting for it is expected, and that rule says so.
+        if not down and stalled > limits.writer_stalled_seconds:
+            pending = ((snapshot or {}).get("ledger") or {}).get("pending", 0)
+            reasons.append(
+                f"{pending} message(s) wait for the table and no batch landed for "
+                f"{stalled:.0f} s (limit {limits.writer_stalled_seconds:g} s): writer stuck"
+            )
+        return Health(
+            healthy=not reasons,
+            reasons=tuple(reasons),
+            status_age_seconds=None if snapshot is None else round(age, 3),
+            connections_down_seconds={name: round(s, 3) for name, s in down.items()},
+        )
+
+
+def _alive_actors(snapshot: dict) -> set[str]:
+    return {name for name, alive in (snapshot.get("actors") or {}).items() if alive}
+
+
+class StatusCollector:
+    """Turns the board's latest snapshot into metric families at each scrape."""
+
+    def __init__(self, board: StatusBoard) -> None:
+        self._board = board
+
+    def collect(self) -> Iterator[Metric]:
+        health = self._board.health()
+        yield _gauge("fxgate_healthy", "1 when /healthz answers 200, else 0.", health.healthy)
+        if health.status_age_seconds is not None:
+            yield _gauge(
+                "fxgate_status_age_seconds",
+                "Age of the status snapshot the other metrics come from.",
+                health.status_age_seconds,
+            )
+        snapshot = self._board.snapshot()
+        if snapshot is None:
+            return
+        yield from _connections(snapshot, health)
+        yield from _ledger(snapshot)
+        yield from _forwarding(snapshot)
+        yield from _landing(snapshot)
+        yield _counter(
+            "fxgate_actor_restarts",
+            "Restarts of the actor set after an actor crashed.",
+            snapshot.get("restarts", 0),
+        )
+
+
+def _gauge(name: str, doc: str, value: float | bool) -> GaugeMetricFamily:
+    return GaugeMetricFamily(name, doc, value=float(value))
+
+
+def _counter(name: str, doc: str, value: float) -> CounterMetricFamily:
+    # Counters restart from 0 when the actor set restarts; Prometheus' rate() treats a drop as
+    # a reset, which is what it is.
+    return CounterMetricFamily(name, doc, value=float(value))
+
+
+def _connections(snapshot: dict, health: Health) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "fxgate_connection_up", "1 while the broker connection is up.", labels=["connection"]
+    )
+    down = GaugeMetricFamily(
+        "fxgate_connection_down_seconds",
+        "How long the connection has been down (0 while up).",
+        labels=["connection"],
+    )
+    connects = CounterMetricFamily(
+        "fxgate_connection_connects", "Successful CONNACKs.", labels=["connection"]
+    )
+    reconnects = CounterMetricFamily(
+        "fxgate_connection_reconnects", "Connects after the first one.", labels=["connection"]
+    )
+    disconnects = CounterMetricFamily(
+        "fxgate_connection_disconnects", "Connections lost or closed.", labels=["connection"]
+    )
+    for name in CONNECTIONS:
+        conn = snapshot.get(name)
+        if conn is None:
+            continue
+        up.add_metric([name], 1.0 if conn.get("state") == "connected" else 0.0)
+        down.add_metric([name], health.connections_down_seconds.get(name, 0.0))
+        connects.add_metric([name], conn.get("connects", 0))
+        reconnects.add_metric([name], max(conn.get("connects", 0) - 1, 0))
+        disconnects.add_metric([name], conn.get("disconnects", 0))
+    yield from (up, down, connects, reconnects, disconnects)
+
+
+def _ledger(snapshot: dict) -> Iterator[Metric]:
+    ledger = snapshot.get("ledger")
+    if ledger is not None:
+        accepted = ledger.get("accepted", 0)
+        duplicates = ledger.get("duplicates", 0)
+        yield _counter(
+            "fxgate_messages_received",
+            "Messages taken from the source broker, duplicates included.",
+            accepted + duplicates,
+        )
+        yield _counter(
+            "fxgate_messages_accepted", "New messages stored in the inbound ledger.", accepted
+        )
+        yield _counter(
+            "fxgate_messages_duplicates",
+            "Redelivered messages the ledger already held (dropped, acked again).",
+            duplicates,
+        )
+        yield _gauge(
+            "fxgate_ledger_pending_messages",
+            "Messages in the inbound ledger not yet landed in the table.",
+            ledger.get("pending", 0),
+        )
+        yield _gauge(
+            "fxgate_ledger_held_acks",
+            "Acks held until their rows are committed.",
+            ledger.get("held_acks", 0),
+        )
+        yield _gauge(
+            "fxgate_ledger_awaiting_pubrel",
+            "Inbound QoS 2 messages stored and waiting for PUBREL.",
+            ledger.get("awaiting_pubrel", 0),
+        )
+    intake = snapshot.get("intake")
+    if intake is not None:
+        yield _gauge(
+            "fxgate_intake_waiting_messages",
+            "Messages handed over by the source connection, not yet taken by the ledger.",
+            intake.get("waiting_messages", 0),
+        )
+        yield _gauge(
+            "fxgate_intake_waiting_bytes",
+            "Payload bytes of those messages.",
+            intake.get("waiting_bytes", 0),
+        )
+
+
+def _forwarding(snapshot: dict) -> Iterator[Metric]:
+    buffer = snapshot.get("buffer")
+    if buffer is not None:
+        yield _gauge(
+            "fxgate_tier2_messages", "Messages in the tier-2 buffer.", buffer["tier2_messages"]
+        )
+        yield _gauge("fxgate_tier2_bytes", "Bytes in the tier-2 buffer.", buffer["tier2_bytes"])
+        yield _gauge(
+            "fxgate_tier1_waiting_packs",
+            "Packs waiting in the durable tier-1 queue.",
+            buffer["tier1_waiting_packs"],
+        )
+        yield _gauge(
+            "fxgate_source_paused",
+            "1 while the buffer holds the source back (past the high watermark).",
+            bool(buffer["paused_source"]),
+        )
+        yield _counter(
+            "fxgate_dropped_qos0",
+            "QoS 0 messages dropped at a full tier-2 buffer.",
+            buffer["dropped_qos0"],
+        )
+    outbound = snapshot.get("outbound")
+    if outbound is not None:
+        yield _gauge(
+            "fxgate_upstream_in_flight",
+            "Messages handed to the upstream connection and not yet acknowledged.",
+            outbound["in_flight"],
+        )
+        yield _counter(
+            "fxgate_messages_forwarded",
+            "Messages acknowledged by the upstream broker.",
+            outbound.get("forwarded", 0),
+        )
+        yield _counter(
+            "fxgate_forward_dead_letters",
+            "Messages dead-lettered after the pack's retries were exhausted.",
+            outbound.get("dead", 0),
+        )
+        yield _counter(
+            "fxgate_forward_retries", "Pack retries towards upstream.", outbound.get("retries", 0)
+        )
+
+
+def _landing(snapshot: dict) -> Iterator[Metric]:
+    yield _counter(
+        "fxgate_batches_written",
+        "Spark batches committed to the tables.",
+        snapshot.get("batches_written", 0),
+    )
+    if "rows_written" in snapshot:
+        yield _counter(
+            "fxgate_landed_rows", "Rows written to the reads table.", snapshot["rows_written"]
+        )
+    if "dead_letters_written" in snapshot:
+        yield _counter(
+            "fxgate_landed_dead_letters",
+            "Rows written to the dead_letters table.",
+            snapshot["dead_letters_written"],
+        )
+    last = snapshot.get("last_batch")
+    if last is not None:
+        yield _gauge(
+            "fxgate_last_batch_duration_seconds",
+            "How long the last Spark batch took to write.",
+            last.get("seconds", 0.0),
+        )
+        yield _gauge("fxgate_last_batch_rows", "Rows in the last Spark batch.", last.get("rows", 0))
+
+
+def build_registry(board: StatusBoard) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StatusCollector(board))
+    return registry
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _MetricsHTTPServer
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        if path == "/metrics":
+            self._send(HTTPStatus.OK, CONTENT_TYPE_LATEST, generate_latest(self.server.registry))
+        elif path == "/healthz":
+            health = self.server.board.health()
+            body = json.dumps(health.as_json(), sort_keys=True).encode()
+            status = HTTPStatus.OK if health.healthy else HTTPStatus.SERVICE_UNAVAILABLE
+            self._send(status, "application/json", body)
+        else:
+            self._send(HTTPStatus.NOT_FOUND, "text/plain", b"try /metrics or /healthz\n")
+
+    def _send(self, status: HTTPStatus, content_type: str, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Type", content_type)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args) -> None:
+        # A scrape every few seconds would drown the lines an operator reads.
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class _MetricsHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, address, board: StatusBoard) -> None:
+        self.board = board
+        self.registry = build_registry(board)
+        super().__init__(address, _Handler)
+
+
+class MetricsServer:
+    """The HTTP endpoint on its own thread: `start()` binds and serves, `stop()` closes."""
+
+    def __init__(self, host: str, port: int, board: StatusBoard) -> None:
+        self.host = host
+        self.port = port
+        self.board = board
+        self._server: _MetricsHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._server = _MetricsHTTPServer((self.host, self.port), self.board)
+        self.port = self._server.server_address[1]  # the real one when 0 was asked
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="fxgate-metrics", daemon=True
+        )
+        self._thread.start()
+        log.info("metrics on http://%s:%d/metrics and /healthz", self.host, self.port)
+
+    def stop(self) -> None:
+        if self._server is None:
+            return
+        self._server.shutdown()
+        self._server.server_close()
+        if self._thread is not None:
+            self._thread.join(5)
+        self._server = None
+        log.info("metrics endpoint closed")
