@@ -25,6 +25,13 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.intake import IntakeGate, packet_size
+from actors.lifecycle import SessionConnected, SessionDisconnected
+from actors.lifecycle_reasons import (
+    LocalCause,
+    connack_refusal_reason,
+    disconnection_reason,
+    reason_from_paho_disconnect,
+)
 from actors.mqtt_client import EpochClient, InboundPublish, InboundPubrel, LedgerClient
 
 log = logging.getLogger(__name__)
@@ -105,12 +112,14 @@ class _Connected:
     failed: bool
     session_present: bool
     receive_maximum: int
+    event_reason: str  # Event Grid's disconnectionReason, for a refused connection
 
 
 @dataclass(frozen=True, slots=True)
 class _Disconnected:
     epoch: int
     reason: str
+    event_reason: str  # Event Grid's disconnectionReason
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,9 +153,11 @@ class ConnectionActor(pykka.ThreadingActor):
         *,
         backoff: Backoff | None = None,
         client_factory: Callable[[str, Callable[[], float]], EpochClient] | None = None,
+        lifecycle: pykka.ActorRef | None = None,
     ) -> None:
         super().__init__()
         self._s = settings
+        self._lifecycle = lifecycle
         self._clock = clock
         self._listener = listener
         self._backoff = backoff or Backoff(
@@ -162,6 +173,8 @@ class ConnectionActor(pykka.ThreadingActor):
         self._next_attempt_at: float | None = None
         self._ever_connected = False
         self._stopping = False
+        # The epoch whose CONNECT the broker refused: its disconnect keeps the refusal as reason.
+        self._refused_epoch: int | None = None
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -198,10 +211,26 @@ class ConnectionActor(pykka.ThreadingActor):
             client.on_stopping()
             if client.is_connected():
                 # A normal DISCONNECT keeps the session (and our queue) on the broker.
+                self._lifecycle_tell(
+                    SessionDisconnected(
+                        self._s.client_id,
+                        self._s.client_id,
+                        client.epoch,
+                        disconnection_reason(None, local=LocalCause.CLIENT_DISCONNECT),
+                    )
+                )
                 client.disconnect()
             client.loop_stop()
         self._state = "stopped"
         log.info("%s: stopped", self._s.name)
+
+    def _lifecycle_tell(self, message: object) -> None:
+        if self._lifecycle is None:
+            return
+        try:
+            self._lifecycle.tell(message)
+        except pykka.ActorDeadError:
+            log.warning("%s: life-cycle actor gone, event dropped: %r", self._s.name, message)
 
     # -- paho callbacks: network thread, translate only -------------------------------------
 
@@ -220,11 +249,16 @@ class ConnectionActor(pykka.ThreadingActor):
                 reason_code.is_failure,
                 flags.session_present,
                 receive_maximum,
+                connack_refusal_reason(reason_code) if reason_code.is_failure else "",
             )
         )
 
-    def _on_disconnect(self, client, _userdata, _flags, reason_code, _properties) -> None:
-        self._tell(_Disconnected(client.epoch, str(reason_code)))
+    def _on_disconnect(self, client, _userdata, flags, reason_code, _properties) -> None:
+        self._tell(
+            _Disconnected(
+                client.epoch, str(reason_code), reason_from_paho_disconnect(flags, reason_code)
+            )
+        )
 
     def _on_subscribe(self, _client, _userdata, _mid, reason_codes, _properties) -> None:
         self._tell(
@@ -260,6 +294,13 @@ class ConnectionActor(pykka.ThreadingActor):
         if message.failed:
             self._last_reason = message.reason
             log.error("%s: broker refused the connection: %s", self._s.name, message.reason)
+            # A refused CONNECT (wrong password, not authorised) is a life-cycle fact too.
+            self._lifecycle_tell(
+                SessionDisconnected(
+                    self._s.client_id, self._s.client_id, message.epoch, message.event_reason
+                )
+            )
+            self._refused_epoch = message.epoch
             return  # the broker closes the socket; the disconnect schedules the retry
         self._state = "connected"
         self._connects += 1
@@ -277,6 +318,7 @@ class ConnectionActor(pykka.ThreadingActor):
         self._listener.tell(
             SessionStarted(message.epoch, message.session_present, message.receive_maximum)
         )
+        self._lifecycle_tell(SessionConnected(self._s.client_id, self._s.client_id, message.epoch))
         assert self._client is not None
         if self._s.subscriptions:
             # retainHandling=1: retained messages only for a new subscription, not on every
@@ -292,7 +334,13 @@ class ConnectionActor(pykka.ThreadingActor):
             return  # a late report about a connection we already replaced
         if self._state == "connected":
             self._disconnects += 1
-        self._last_reason = message.reason
+            self._lifecycle_tell(
+                SessionDisconnected(
+                    self._s.client_id, self._s.client_id, message.epoch, message.event_reason
+                )
+            )
+        if self._refused_epoch != message.epoch:
+            self._last_reason = message.reason
         log.warning("%s: disconnected: %s", self._s.name, message.reason)
         self._listener.tell(SessionEnded(message.epoch, message.reason))
         self._schedule_reconnect()

@@ -237,6 +237,7 @@ class Gateway:
                     self.supervisor.stop()
                     self._start_supervisor()
                     continue
+                self.supervisor.take_requests()
                 self._publish_status()
                 # Wake on the next tick, or at once on a stop request.
                 self.clock.call_later(STATUS_INTERVAL, self._wake.set)

@@ -27,13 +27,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import pykka
 
 from actors.clock import Clock
-from actors.connection import ConnectionSettings
 from persistence.database import SYNCHRONOUS
+
+if TYPE_CHECKING:  # actors.connection tells this module's messages: no import cycle at run time
+    from actors.connection import ConnectionSettings
 
 log = logging.getLogger(__name__)
 

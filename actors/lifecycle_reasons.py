@@ -227,6 +227,17 @@ _PAHO_LOCAL_CODES: dict[int, LocalCause] = {
 }
 
 
+def connack_refusal_reason(code: int | _HasValue) -> str:
+    """The reason for a CONNACK that refused us. Refused at CONNECT, the client was never
+    admitted: Event Grid calls that an authentication error, whichever of the two "not allowed"
+    codes the broker chose — and mosquitto 2.0.11 answers a wrong password with 0x87 Not
+    authorized, not 0x86 (tests/actors/test_lifecycle_wiring.py). 0x87 in a DISCONNECT, later,
+    is an authorization change and keeps its own reason."""
+    if _code_value(code) == 0x87:
+        return "ClientAuthenticationError"
+    return disconnection_reason(code)
+
+
 def reason_from_paho_disconnect(flags: DisconnectFlags, reason_code: int | _HasValue) -> str:
     """The reason for paho 2.x's `on_disconnect(client, userdata, flags, reason_code, props)`.
 

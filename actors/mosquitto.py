@@ -38,6 +38,7 @@ def broker_config(
     max_inflight_messages: int = 1000,
     autosave_interval: int = 1,
     debug_log: bool = False,
+    password_file: Path | None = None,
     extra: Iterable[str] = (),
 ) -> str:
     log_types = (
@@ -47,7 +48,11 @@ def broker_config(
     )
     lines = [
         f"listener {port} {host}",
-        "allow_anonymous true",
+        *(
+            ["allow_anonymous true"]
+            if password_file is None
+            else ["allow_anonymous false", f"password_file {password_file}"]
+        ),
         # Never switch to the 'mosquitto' user: the data dir belongs to whoever started us.
         "user root",
         "persistence true",

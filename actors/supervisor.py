@@ -7,12 +7,10 @@ goes first on the way down so that nothing new arrives while packs and batches a
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
 from dataclasses import asdict
-from pathlib import Path
 
 import pykka
 
@@ -21,6 +19,7 @@ from actors.clock import Clock
 from actors.config import Config
 from actors.connection import ConnectionActor, ConnectionSettings, ledger_client_factory
 from actors.intake import IntakeGate
+from actors.lifecycle import ClientsConfigured, LifecycleActor, client_info
 from actors.pack import PackActor
 from actors.upstream_client import UpstreamClient
 from persistence.inbound_ledger import InboundLedger, TakeReplays
@@ -141,6 +140,20 @@ class Supervisor:
             cfg.ledger.intake_max_messages, cfg.ledger.intake_max_bytes, self.clock.monotonic
         )
         try:
+            # First to start, last to stop: it records the connections' final disconnects.
+            lifecycle = self._start(
+                "lifecycle",
+                LifecycleActor,
+                cfg.gateway.data_path / "lifecycle.sqlite",
+                self.clock,
+                (),  # sinks (MQTT topic, `events` table): not yet; events are logged and kept
+                f"fxgate/{cfg.identity.environment_id}/{cfg.identity.client_id}",
+                durability=cfg.gateway.durability,
+            )
+            clients = [source_settings(cfg)]
+            if cfg.forwarding:
+                clients.append(upstream_settings(cfg))
+            lifecycle.tell(ClientsConfigured(tuple(client_info(s) for s in clients)))
             ledger = self._start(
                 "ledger",
                 InboundLedger,
@@ -195,6 +208,7 @@ class Supervisor:
                 self.clock,
                 ledger,
                 client_factory=ledger_client_factory(ledger, self.intake),
+                lifecycle=lifecycle,
             )
         except Exception:
             self.stop()
@@ -242,6 +256,7 @@ class Supervisor:
             self.clock,
             outbound,
             client_factory=upstream_client_factory(outbound),
+            lifecycle=self.ref("lifecycle"),
         )
         return buffer
 
@@ -309,6 +324,7 @@ class Supervisor:
             "ledger": lambda ref: ref.proxy().stats().get(timeout=5),
             "outbound": lambda ref: ref.proxy().status().get(timeout=5),
             "buffer": lambda ref: ref.proxy().status().get(timeout=5),
+            "lifecycle": lambda ref: ref.proxy().status().get(timeout=5),
         }
         try:
             for name, ask in asks.items():
@@ -326,12 +342,11 @@ class Supervisor:
         out["pid"] = os.getpid()
         return out
 
-    def write_status(self, path: Path) -> None:
-        # Once a second with the status: replay requests left by `fxgate dead-letters replay`.
+    def take_requests(self) -> None:
+        """Called by the daemon each second: hand the ledger the replay requests that
+        `fxgate dead-letters replay` left in the data directory (the command never touches the
+        ledger itself: it has one owner)."""
         ledger = self.ref("ledger")
         data_dir = self.config.gateway.data_path
         if ledger is not None and pending_requests(data_dir):
             ledger.tell(TakeReplays(data_dir))
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.status(), indent=2, sort_keys=True))
-        os.replace(tmp, path)

@@ -9,6 +9,7 @@ from actors.lifecycle_reasons import (
     NO_CODE_REASON,
     REASON_TABLE,
     LocalCause,
+    connack_refusal_reason,
     disconnection_reason,
     reason_from_paho_disconnect,
 )
@@ -165,3 +166,18 @@ def test_a_number_that_is_not_one_byte_is_rejected(code):
 def test_paho_disconnects_are_told_apart_by_who_sent_the_disconnect(from_server, name, reason):
     code = ReasonCode(PacketTypes.DISCONNECT, name)
     assert reason_from_paho_disconnect(DisconnectFlags(from_server), code) == reason
+
+
+@pytest.mark.parametrize(
+    ("code", "reason"),
+    [
+        (0x86, "ClientAuthenticationError"),
+        (0x87, "ClientAuthenticationError"),  # refused at CONNECT: never admitted
+        (0x8A, "IpForbidden"),
+        (0x97, "QuotaExceeded"),
+    ],
+)
+def test_a_refused_connack_is_judged_as_an_admission_failure(code, reason):
+    assert connack_refusal_reason(code) == reason
+    # The same 0x87 in a DISCONNECT, mid-session, is an authorization change.
+    assert disconnection_reason(0x87) == "ClientAuthorizationError"

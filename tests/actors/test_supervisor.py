@@ -138,8 +138,8 @@ def test_a_replayed_dead_letter_goes_through_the_pipeline_again_under_a_new_key(
     request = write_request(
         data, [ReplayMessage(letter.message_key, letter.topic, letter.payload, letter.qos)]
     )
-    # The daemon's once-a-second status write is where requests are noticed.
-    gateway.write_status(tmp_path / "status.json")
+    # What the daemon does once a second.
+    gateway.take_requests()
     assert gateway.wait_for_landed(0, dead_letters=2, timeout=60)
     dead = read_table(spark_session, tables, DEAD_LETTERS).collect()
     replayed = replay_key(letter.message_key, request.name.removesuffix(".jsonl"))
