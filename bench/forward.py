@@ -34,7 +34,6 @@ import re
 import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -73,6 +72,7 @@ from bench.harness import (
     fresh_broker,
     fxgate_env,
     prequeue,
+    run_json_command,
 )
 
 log = logging.getLogger(__name__)
@@ -187,14 +187,7 @@ def publisher_main(argv: list[str]) -> int:
 def run_publisher(upstream, qos: int, messages: int, seed: int) -> dict:
     argv = [sys.executable, "-m", MODULE, "publish", upstream.host, str(upstream.port)]
     argv += ["--qos", str(qos), "--messages", str(messages), "--seed", str(seed)]
-    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=300, check=False)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    if not lines:
-        raise BenchError(f"bare publisher said nothing (exit {done.returncode}):\n{done.stderr}")
-    result = json.loads(lines[-1])
-    if not result.get("ok"):
-        raise BenchError(f"bare publisher failed: {result}\n{done.stderr[-2000:]}")
-    return result
+    return run_json_command(argv, "bare publisher", 300)
 
 
 # -- one sample per contestant ---------------------------------------------------------------

@@ -196,15 +196,20 @@ def run_bare_subscriber(
         argv.append("--parse")
     if broker.pid:
         argv += ["--broker-pid", str(broker.pid)]
+    return run_json_command(argv, "bare subscriber", timeout + 60)
+
+
+def run_json_command(argv: list[str], what: str, timeout: float) -> dict:
+    """Run a bench helper process; its answer is the last JSON line it prints, with "ok"."""
     done = subprocess.run(
-        argv, cwd=REPO, capture_output=True, text=True, timeout=timeout + 60, check=False
+        argv, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if not lines:
-        raise BenchError(f"bare subscriber said nothing (exit {done.returncode}):\n{done.stderr}")
+        raise BenchError(f"{what} said nothing (exit {done.returncode}):\n{done.stderr}")
     result = json.loads(lines[-1])
     if not result.get("ok"):
-        raise BenchError(f"bare subscriber failed: {result}\n{done.stderr}")
+        raise BenchError(f"{what} failed: {result}\n{done.stderr[-2000:]}")
     return result
 
 

@@ -227,7 +227,17 @@ def test_reads_wait_through_an_upstream_outage_and_arrive_once_in_order(
         cloud.close()
 
 
-class AckingClient:
+class OneByOne:
+    """The batch sends of the upstream client, as the single sends a fake client records."""
+
+    def send_publishes(self, epoch, messages):
+        return all([self.send_publish(epoch, m) for m in messages])
+
+    def send_pubrels(self, epoch, packet_ids):
+        return all([self.send_pubrel(epoch, p) for p in packet_ids])
+
+
+class AckingClient(OneByOne):
     """Stands in for the upstream client: every PUBLISH is PUBACKed at once."""
 
     def __init__(self):
@@ -241,12 +251,6 @@ class AckingClient:
 
     def send_pubrel(self, epoch, packet_id):
         return True
-
-    def send_publishes(self, epoch, messages):
-        return all([self.send_publish(epoch, m) for m in messages])
-
-    def send_pubrels(self, epoch, packet_ids):
-        return all([self.send_pubrel(epoch, p) for p in packet_ids])
 
 
 def packs_of(count, size, start=1):
@@ -335,7 +339,7 @@ def test_a_long_outage_keeps_tier2_within_its_caps_and_pauses_and_resumes_the_so
         outbound.stop()
 
 
-class ScriptedClient:
+class ScriptedClient(OneByOne):
     """An upstream client that records what it is asked to send and answers as scripted:
     answer = None (never), "PUBACK", "PUBREC"."""
 
@@ -367,12 +371,6 @@ class ScriptedClient:
             self.sent.append(("PUBREL", packet_id))
             self.cond.notify_all()
         return True
-
-    def send_publishes(self, epoch, messages):
-        return all([self.send_publish(epoch, m) for m in messages])
-
-    def send_pubrels(self, epoch, packet_ids):
-        return all([self.send_pubrel(epoch, p) for p in packet_ids])
 
     def wait_sent(self, count, timeout=10):
         with self.cond:
