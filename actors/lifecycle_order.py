@@ -89,13 +89,15 @@ def _parse_time(value: Any) -> datetime:
 
 
 def _client_of(event: Mapping[str, Any], data: Mapping[str, Any]) -> str:
-    name = data.get("clientAuthenticationName")
-    if name:
-        return str(name)
-    # Subjects are `clients/<client>` or `clients/<client>/sessions/<session>`.
+    # The subject names the client (`clients/<client>[/sessions/<session>]`); the
+    # authentication name may be shared by several (one gateway's source and upstream can log
+    # in as the same user), so it is only the fallback.
     parts = str(event.get("subject", "")).split("/")
     if len(parts) >= 2 and parts[0] == "clients" and parts[1]:
         return parts[1]
+    name = data.get("clientAuthenticationName")
+    if name:
+        return str(name)
     raise ValueError(f"life-cycle event {event.get('id')!r} names no client")
 
 

@@ -94,6 +94,17 @@ def test_clients_are_tracked_apart():
     assert states["b"].status is Status.CONNECTED
 
 
+def test_two_clients_sharing_one_authentication_name_keep_their_own_states():
+    # A gateway's source and upstream connections may log in as the same user.
+    source = connected("fxgate-site-gw1", 1)
+    upstream = disconnected("fxgate-upstream-site-gw1", 4, reason="ConnectionLost")
+    for event in (source, upstream):
+        event["data"]["clientAuthenticationName"] = "gateway"
+    states = last_states([source, upstream])
+    assert states["fxgate-site-gw1"].status is Status.CONNECTED
+    assert states["fxgate-upstream-site-gw1"].status is Status.DISCONNECTED
+
+
 def test_the_client_comes_from_the_subject_when_data_does_not_name_it():
     event = connected("r9", 1)
     del event["data"]["clientAuthenticationName"]
