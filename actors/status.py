@@ -134,6 +134,13 @@ def format_status(report: dict) -> str:
             f"{outbound['dropped_qos0']} QoS 0 dropped"
             + (", source paused" if outbound["paused_source"] else "")
         )
+    clients = (daemon.get("lifecycle") or []) if daemon.get("running") else []
+    for client in clients:
+        lines.append(
+            f"events:     {client['name']} {client['client_id']}: {client['state']}, sequence "
+            f"{client.get('sequence_number') or 0}, last reason "
+            f"{client.get('last_reason') or '-'}"
+        )
     live = daemon.get("ledger") if daemon.get("running") else None
     if live:
         paused = ", ".join(live.get("paused_by") or []) or "no"

@@ -24,6 +24,15 @@ def running_report(now: float) -> dict:
             },
             "ledger": {"held_acks": 200, "held_rows": 1800, "paused_by": ["tier2"]},
             "intake": {"waiting_messages": 17},
+            "lifecycle": [
+                {
+                    "name": "source",
+                    "client_id": "fxgate-site1-gw1",
+                    "state": "disconnected",
+                    "sequence_number": 3,
+                    "last_reason": "ConnectionLost",
+                }
+            ],
         },
         "ledger": {
             "exists": True,
@@ -43,6 +52,10 @@ def test_status_names_each_connection_depth_pause_and_the_table_lag_for_a_person
     assert "source:     waiting as fxgate-site1-gw1" in text
     assert "last reason: connection lost" in text
     assert "17 message(s) handed to the ledger" in text
+    assert (
+        "events:     source fxgate-site1-gw1: disconnected, sequence 3, last reason ConnectionLost"
+        in text
+    )
     assert "200 ack(s) and 1800 row(s) held; source paused: tier2" in text
     assert "2000 message(s) not yet in the table, 4 QoS 2 awaiting PUBREL" in text
     assert "1 batch(es) open, last pack 77" in text
