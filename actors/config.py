@@ -48,8 +48,10 @@ from pydantic_core import ErrorDetails
 
 from actors.identity import Identity, IdentityError, resolve_identity
 from actors.routes import (
+    DEFAULT_LIFECYCLE_TOPIC,
     DEFAULT_TARGET,
     Route,
+    check_lifecycle_topic,
     check_target,
     check_topic_filter,
     render_target,
@@ -335,6 +337,12 @@ class PacksConfig(_Section):
     retries: int = Field(3, ge=0)  # 0 = unlimited
 
 
+class LifecycleConfig(_Section):
+    # The MQTT topic of the life-cycle events; {environment} = the environment id, {client} =
+    # the connection's client id (a whole level, so consumers can subscribe with '+').
+    topic: Annotated[str, AfterValidator(check_lifecycle_topic)] = DEFAULT_LIFECYCLE_TOPIC
+
+
 class SparkConfig(_Section):
     master: NonEmptyStr = "local[2]"
     tables_dir: NonEmptyStr | None = None
@@ -382,6 +390,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "packs": PacksConfig,
     "buffer": BufferConfig,
     "spark": SparkConfig,
+    "lifecycle": LifecycleConfig,
 }
 # Sections that are absent unless written (no defaults are filled in for them).
 OPTIONAL_SECTIONS = frozenset({"upstream"})
@@ -400,6 +409,7 @@ class Config(BaseModel):
     packs: PacksConfig
     buffer: BufferConfig
     spark: SparkConfig
+    lifecycle: LifecycleConfig
     # The section as written; None when the file has none. `forwarding` says whether it is used.
     upstream: UpstreamConfig | None
     # The routes in effect, in config order: empty unless `forwarding`, so that `route_for`

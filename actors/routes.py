@@ -127,3 +127,56 @@ def render_target(route: Route, topic: str, environment_id: str) -> str:
     return route.target.format(
         topic=topic, reader=reader_id_from_topic(topic), environment=environment_id
     )
+
+
+# -- the life-cycle events' topic ([lifecycle] topic) -----------------------------------------
+
+LIFECYCLE_PLACEHOLDERS = ("environment", "client")
+DEFAULT_LIFECYCLE_TOPIC = "fxgate/{environment}/{client}/lifecycle"
+
+
+def check_lifecycle_topic(template: str) -> str:
+    """The `[lifecycle] topic` template: topic-name text with `{environment}` and a `{client}`
+    that is a whole level (so that `lifecycle_filter` can match every client with '+').
+    Returns `template`; raises ValueError."""
+    if not template:
+        raise ValueError("a topic must not be empty")
+    try:
+        parts = list(string.Formatter().parse(template))
+    except ValueError:
+        raise ValueError(
+            f"{template!r}: unbalanced '{{' or '}}' (write '{{{{' or '}}}}' for a literal brace)"
+        ) from None
+    for literal, name, spec, conversion in parts:
+        if "+" in literal or "#" in literal or "\x00" in literal:
+            raise ValueError(f"{template!r}: a topic name may not contain '+', '#' or NUL")
+        if name is not None and name not in LIFECYCLE_PLACEHOLDERS:
+            shown = f"{{{name}}}" if name else "{}"
+            raise ValueError(
+                f"{template!r}: unknown placeholder {shown}; use {{environment}} or {{client}}"
+            )
+        if spec or conversion:
+            raise ValueError(f"{template!r}: write {{{name}}} without a format spec or '!'")
+    if template.startswith("$"):
+        raise ValueError(f"{template!r}: a topic may not start with '$' (MQTT 5 §4.7.2)")
+    if "{client}" not in template.split("/"):
+        raise ValueError(f"{template!r}: {{client}} must be a whole topic level of its own")
+    return template
+
+
+def lifecycle_topic(template: str, environment_id: str, client_id: str) -> str:
+    """The topic a life-cycle event about `client_id` is published on."""
+    return template.format(environment=environment_id, client=client_id)
+
+
+def lifecycle_filter(template: str, environment_id: str) -> str:
+    """The filter matching this gateway's life-cycle topics, for every client."""
+    return check_topic_filter(template.format(environment=environment_id, client="+"))
+
+
+def lifecycle_route(template: str, environment_id: str) -> Route:
+    """The implicit route that forwards life-cycle events upstream on their own topic, at QoS 1
+    and persisted: they are durable through the outbound ledger like reads. Index -1: it is
+    not one of the file's `[[routes]]`, and it goes first so that a catch-all route cannot
+    send events elsewhere."""
+    return Route(-1, lifecycle_filter(template, environment_id), DEFAULT_TARGET, 1, True)

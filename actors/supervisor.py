@@ -1,6 +1,7 @@
 """Supervisor: starts the actors in dependency order, watches them, stops them in reverse.
 
-Order: ledger (owns the database) -> Spark writer -> pack actor -> source connection. The
+Order: ledger (owns the database) -> lifecycle -> Spark writer -> pack actor -> source
+connection (forwarding: outbound, buffer and upstream before the pack actor). The
 connection comes last so that nothing is acknowledged before the whole path can take it, and it
 goes first on the way down so that nothing new arrives while packs and batches are flushed.
 """
@@ -20,7 +21,9 @@ from actors.config import Config
 from actors.connection import ConnectionActor, ConnectionSettings, ledger_client_factory
 from actors.intake import IntakeGate
 from actors.lifecycle import ClientsConfigured, LifecycleActor, client_info
+from actors.lifecycle_sink import LedgerEventSink
 from actors.pack import PackActor
+from actors.routes import lifecycle_filter, lifecycle_route
 from actors.upstream_client import UpstreamClient
 from persistence.inbound_ledger import InboundLedger, TakeReplays
 from persistence.outbound_ledger import OutboundLedger
@@ -126,6 +129,7 @@ class Supervisor:
         self.batches_written = 0
         self.rows_written = 0
         self.dead_letters_written = 0
+        self.events_written = 0
         self.batch_written = threading.Condition(self._batch_lock)
 
     # -- start / stop -----------------------------------------------------------------------
@@ -140,20 +144,6 @@ class Supervisor:
             cfg.ledger.intake_max_messages, cfg.ledger.intake_max_bytes, self.clock.monotonic
         )
         try:
-            # First to start, last to stop: it records the connections' final disconnects.
-            lifecycle = self._start(
-                "lifecycle",
-                LifecycleActor,
-                cfg.gateway.data_path / "lifecycle.sqlite",
-                self.clock,
-                (),  # sinks (MQTT topic, `events` table): not yet; events are logged and kept
-                f"fxgate/{cfg.identity.environment_id}/{cfg.identity.client_id}",
-                durability=cfg.gateway.durability,
-            )
-            clients = [source_settings(cfg)]
-            if cfg.forwarding:
-                clients.append(upstream_settings(cfg))
-            lifecycle.tell(ClientsConfigured(tuple(client_info(s) for s in clients)))
             ledger = self._start(
                 "ledger",
                 InboundLedger,
@@ -166,6 +156,23 @@ class Supervisor:
                 retention_seconds=cfg.source.session_expiry_interval_seconds + 600.0,
                 intake=self.intake,
             )
+            # Right after the ledger, which stores its events (so none is emitted before they
+            # can be stored), and before the connections, so it stops after them and records
+            # their final disconnects: stored in the ledger, landed or forwarded on the next
+            # start if the packs have stopped by then.
+            lifecycle = self._start(
+                "lifecycle",
+                LifecycleActor,
+                cfg.gateway.data_path / "lifecycle.sqlite",
+                self.clock,
+                (LedgerEventSink(ledger, cfg.lifecycle.topic, cfg.identity.environment_id),),
+                f"fxgate/{cfg.identity.environment_id}/{cfg.identity.client_id}",
+                durability=cfg.gateway.durability,
+            )
+            clients = [source_settings(cfg)]
+            if cfg.forwarding:
+                clients.append(upstream_settings(cfg))
+            lifecycle.tell(ClientsConfigured(tuple(client_info(s) for s in clients)))
             recovery = ledger.proxy().recovery().get(timeout=ASK_TIMEOUT)
             writer = self._start(
                 "spark-writer",
@@ -183,6 +190,7 @@ class Supervisor:
                 idempotency_key=cfg.ledger.idempotency_key,
                 backlog_high=cfg.spark.backlog_high_messages,
                 backlog_low=cfg.spark.backlog_low_messages,
+                events_filter=lifecycle_filter(cfg.lifecycle.topic, cfg.identity.environment_id),
             )
             # With forwarding, packs go upstream first; acknowledged packs go on to the writer.
             pack_target = writer
@@ -217,13 +225,15 @@ class Supervisor:
 
     def _start_forwarding(self, ledger: pykka.ActorRef, writer: pykka.ActorRef) -> pykka.ActorRef:
         cfg = self.config
+        # Life-cycle events go upstream on their own topic, ahead of the file's routes.
+        routes = (lifecycle_route(cfg.lifecycle.topic, cfg.identity.environment_id), *cfg.routes)
         outbound = self._start(
             "outbound",
             OutboundLedger,
             cfg.gateway.data_path / "outbound.sqlite",
             self.clock,
             writer,
-            cfg.routes,
+            routes,
             cfg.identity.environment_id,
             durability=cfg.gateway.durability,
             window=cfg.upstream.window,
@@ -240,7 +250,7 @@ class Supervisor:
             outbound,
             writer,
             ledger,
-            cfg.routes,
+            routes,
             max_messages=cfg.buffer.max_messages,
             max_bytes=cfg.buffer.max_bytes,
             high_watermark=cfg.buffer.high_watermark,
@@ -278,6 +288,21 @@ class Supervisor:
                 log.error("%s did not stop within %.0f s", name, STOP_TIMEOUT)
                 continue
             log.info("stopped %s%s", name, "" if stopped else " (it had already died)")
+            if name == "source":
+                self._settle_lifecycle()
+
+    def _settle_lifecycle(self) -> None:
+        """The source's last event (our DISCONNECT) into the ledger while the packs still run,
+        so it lands in this run's last batch. The upstream's last event comes after the packs
+        stopped: it is stored, and lands at the next start."""
+        lifecycle, ledger = self.ref("lifecycle"), self.ref("ledger")
+        try:
+            if lifecycle is not None and lifecycle.is_alive():
+                lifecycle.proxy().status().get(timeout=ASK_TIMEOUT)  # its mailbox is worked off
+            if ledger is not None and ledger.is_alive():
+                ledger.proxy().stats().get(timeout=ASK_TIMEOUT)  # and the event is committed
+        except (pykka.ActorDeadError, pykka.Timeout):
+            log.warning("the last life-cycle event may land only at the next start")
 
     def _flush_acks(self) -> None:
         """Commit and ack what the ledger holds before the source disconnects, so the broker
@@ -305,13 +330,20 @@ class Supervisor:
             self.batches_written += 1
             self.rows_written += batch.rows
             self.dead_letters_written += batch.dead_letters
+            self.events_written += batch.events
             self.batch_written.notify_all()
 
-    def wait_for_landed(self, rows: int, dead_letters: int = 0, timeout: float = 60.0) -> bool:
-        """Block until at least this many rows and dead letters are in the tables."""
+    def wait_for_landed(
+        self, rows: int, dead_letters: int = 0, timeout: float = 60.0, events: int = 0
+    ) -> bool:
+        """Block until at least this many rows, dead letters and events are in the tables."""
         with self.batch_written:
             return self.batch_written.wait_for(
-                lambda: self.rows_written >= rows and self.dead_letters_written >= dead_letters,
+                lambda: (
+                    self.rows_written >= rows
+                    and self.dead_letters_written >= dead_letters
+                    and self.events_written >= events
+                ),
                 timeout,
             )
 

@@ -99,6 +99,16 @@ class TakeReplays:
     data_dir: Path
 
 
+@dataclass(frozen=True, slots=True)
+class StoreLocal:
+    """A message made by the gateway itself (a life-cycle event): stored like an inbound one,
+    so it is packed, forwarded and landed exactly-once like reads, with no broker to ack."""
+
+    topic: str
+    payload: bytes
+    qos: int = 1
+
+
 # Held rows go back to the listener this many at a time, each chunk a message of its own, so a
 # Pause that arrives meanwhile stops the release between two chunks.
 RELEASE_CHUNK = 1000
@@ -266,6 +276,8 @@ class InboundLedger(pykka.ThreadingActor):
             self._release_held()
         elif isinstance(message, TakeReplays):
             self._take_replays(message.data_dir)
+        elif isinstance(message, StoreLocal):
+            self._store_local(message)
         else:
             log.warning("inbound ledger ignored %r", message)
 
@@ -373,6 +385,16 @@ class InboundLedger(pykka.ThreadingActor):
                 taken,
                 len(messages) - taken,
             )
+
+    def _store_local(self, message: StoreLocal) -> None:
+        """Inserted as `_take_replays` does; committed at once, not with the next group: these
+        are rare, and the sender (the LifecycleActor) has no ack to wait for."""
+        publish = InboundPublish(
+            0, 0, message.qos, False, False, message.topic, True, message.payload, None, 0.0
+        )
+        if self._insert(publish, self._key(message.topic, message.payload)) is None:
+            self.counts["duplicates"] += 1
+        self._commit()
 
     def _seq_of(self, key: str) -> int:
         (seq,) = self._hot("SELECT seq FROM inbound WHERE message_key = ?", (key,)).fetchone()

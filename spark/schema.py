@@ -1,4 +1,5 @@
-"""Arrow schemas of the `reads` and `dead_letters` tables, and ledger records → Arrow tables.
+"""Arrow schemas of the `reads`, `dead_letters` and `events` tables, and ledger records → Arrow
+tables.
 
 The Spark writer hands `createDataFrame` a `pyarrow.Table` because that is the fast path (DESIGN §4:
 ~140k rows/s, tuples are 3x slower). `build_batch` is a pure function of its records and batch id:
@@ -8,13 +9,16 @@ its partition is a no-op for the rows and the table never holds a duplicate (DES
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Protocol
 
 import pyarrow as pa
 
+from actors.routes import topic_matches
 from persistence.keys import ReadKey, payload_hash_read_id
 from spark.zebra import PayloadError, TagRead, parse_payload, reader_id_from_topic
 
@@ -59,6 +63,30 @@ DEAD_LETTERS_SCHEMA = pa.schema(
     ]
 )
 
+# The gateway's own life-cycle events (actors.lifecycle), one row per event.
+EVENTS_SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.string()),
+        pa.field("type", pa.string()),
+        pa.field("source", pa.string()),
+        pa.field("subject", pa.string()),
+        pa.field("time", UTC_MICROS),
+        pa.field("client_id", pa.string()),
+        pa.field("session", pa.string()),
+        pa.field("sequence_number", pa.int64()),
+        pa.field("disconnection_reason", pa.string()),
+        pa.field("data", pa.string()),  # the event's `data`, as JSON with sorted keys
+        pa.field("received_time", UTC_MICROS),
+        pa.field("pack_id", pa.int64()),
+        pa.field("batch_id", pa.int64()),
+        # 'YYYY-MM-DD' of the event's time in UTC.
+        pa.field("date", pa.string()),
+    ]
+)
+
+# Reason for a life-cycle message that is not a CloudEvents JSON object with our fields.
+INVALID_EVENT = "invalid_event"
+
 # Reason for a parser that raised something other than PayloadError: a bug, but one poison
 # message must not crash-loop the writer and stall every pack behind it (DESIGN §3.6).
 PARSER_ERROR = "parser_error"
@@ -79,6 +107,7 @@ class LedgerRecord(Protocol):
 class BatchTables:
     reads: pa.Table
     dead_letters: pa.Table
+    events: pa.Table = field(default_factory=EVENTS_SCHEMA.empty_table)
 
 
 Parser = Callable[[bytes], tuple[TagRead, ...]]
@@ -89,12 +118,16 @@ def build_batch(
     batch_id: int,
     parse: Parser = parse_payload,
     read_key: ReadKey = payload_hash_read_id,
+    events_filter: str | None = None,
 ) -> BatchTables:
-    """Parse every record: one `reads` row per tag read, one `dead_letters` row per bad message.
+    """Parse every record: one `reads` row per tag read, one `dead_letters` row per bad message,
+    and one `events` row per message on a topic matching `events_filter` (the life-cycle topics,
+    actors.routes.lifecycle_filter; None: no record is an event).
 
     Rows come in record order, then read order within a message, so the same records always give
     identical tables. `read_key` names each read (its `message_id`; persistence.keys.READ_KEYS).
     """
+    events: list[tuple[object, dict, int]] = []
     message_id: list[str] = []
     topic: list[str] = []
     reader_id: list[str] = []
@@ -125,6 +158,9 @@ def build_batch(
         try:
             if forward_failure:
                 raise PayloadError(forward_failure, "forwarding upstream gave up on this message")
+            if events_filter is not None and topic_matches(events_filter, record.topic):
+                events.append((record, _parse_event(record.payload), received_us))
+                continue
             reads = parse(record.payload)
         except PayloadError as exc:
             reason, detail = exc.reason, exc.detail
@@ -203,7 +239,50 @@ def build_batch(
         ],
         schema=DEAD_LETTERS_SCHEMA,
     )
-    return BatchTables(reads=reads_table, dead_letters=dead_table)
+    return BatchTables(
+        reads=reads_table,
+        dead_letters=dead_table,
+        events=_events_table(events, batch_id),
+    )
+
+
+def _parse_event(payload: bytes) -> dict:
+    """The CloudEvents dict of a life-cycle message; PayloadError when it is not one."""
+    try:
+        event = json.loads(payload)
+        time = datetime.strptime(event["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
+        if not isinstance(event["data"], dict):
+            raise TypeError("data is not an object")
+        for key in ("id", "type", "source", "subject"):
+            if not isinstance(event[key], str):
+                raise TypeError(f"{key} is not a string")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise PayloadError(INVALID_EVENT, f"{type(exc).__name__}: {exc}") from None
+    return {**event, "time": time}
+
+
+def _events_table(events: list[tuple[object, dict, int]], batch_id: int) -> pa.Table:
+    times = pa.array([e["time"] for _, e, _ in events], type=UTC_MICROS)
+    data = [e["data"] for _, e, _ in events]
+    return pa.table(
+        [
+            pa.array([e["id"] for _, e, _ in events], type=pa.string()),
+            pa.array([e["type"] for _, e, _ in events], type=pa.string()),
+            pa.array([e["source"] for _, e, _ in events], type=pa.string()),
+            pa.array([e["subject"] for _, e, _ in events], type=pa.string()),
+            times,
+            pa.array([d.get("clientName") for d in data], type=pa.string()),
+            pa.array([d.get("clientSessionName") for d in data], type=pa.string()),
+            pa.array([d.get("sequenceNumber") for d in data], type=pa.int64()),
+            pa.array([d.get("disconnectionReason") for d in data], type=pa.string()),
+            pa.array([json.dumps(d, sort_keys=True) for d in data], type=pa.string()),
+            pa.array([received for _, _, received in events], type=UTC_MICROS),
+            pa.array([r.pack_id for r, _, _ in events], type=pa.int64()),
+            pa.array([batch_id] * len(events), type=pa.int64()),
+            _utc_dates(times),
+        ],
+        schema=EVENTS_SCHEMA,
+    )
 
 
 def _epoch_micros(seconds: float) -> int:

@@ -62,6 +62,7 @@ logger = logging.getLogger(__name__)
 
 READS = "reads"
 DEAD_LETTERS = "dead_letters"
+EVENTS = "events"
 
 DATE = "date"
 BATCH_ID = "batch_id"

@@ -75,6 +75,7 @@ class BatchWritten:
     rows: int
     dead_letters: int
     seconds: float
+    events: int = 0  # life-cycle events landed in the `events` table
 
 
 class SparkWriterActor(pykka.ThreadingActor):
@@ -97,6 +98,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         landed_listener: pykka.ActorRef | None = None,
         backlog_high: int = 100_000,
         backlog_low: int = 50_000,
+        events_filter: str | None = None,
     ) -> None:
         super().__init__()
         self._ledger = ledger
@@ -118,6 +120,8 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._backlog_high = backlog_high
         self._backlog_low = backlog_low
         self._backlog_paused = False
+        # Records on topics matching this filter are life-cycle events: `events` table.
+        self._events_filter = events_filter
         self._pending: list[Pack] = []
         self._pending_messages = 0
         self._pending_bytes = 0
@@ -241,12 +245,14 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     def _write(self, batch: ReplayBatch) -> None:
         from spark.schema import build_batch
-        from spark.tables import DEAD_LETTERS, READS
+        from spark.tables import DEAD_LETTERS, EVENTS, READS
 
         assert self._tables is not None
         batch_id, records = batch.batch_id, batch.records
         started = self._clock.monotonic()
-        tables = build_batch(records, batch_id, read_key=self._read_key)
+        tables = build_batch(
+            records, batch_id, read_key=self._read_key, events_filter=self._events_filter
+        )
         reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
         watchdog = self._clock.call_later(
             self._processing_timeout, lambda: self._cancel_stuck(batch_id)
@@ -254,7 +260,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         mid_job = crash_soon("mid_spark_job")
         try:
             written = self._tables.write_batch(
-                batch_id, {READS: reads, DEAD_LETTERS: tables.dead_letters}
+                batch_id, {READS: reads, DEAD_LETTERS: tables.dead_letters, EVENTS: tables.events}
             )
         except Exception as error:  # Spark and py4j raise many kinds; every one is retried
             self._schedule_retry(batch, error)
@@ -265,12 +271,15 @@ class SparkWriterActor(pykka.ThreadingActor):
                 mid_job.cancel()
         crash_point("after_spark_job_before_mark")
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
+        events = written.get(EVENTS, 0)
         self._ledger.commit_batch(batch_id, rows, dead).get()
         if self._landed_listener is not None:
             self._landed_listener.tell(Landed(tuple(r.seq for r in records)))
         self.failures = 0
         self._retry_backoff.reset()
-        result = BatchWritten(batch_id, len(records), rows, dead, self._clock.monotonic() - started)
+        result = BatchWritten(
+            batch_id, len(records), rows, dead, self._clock.monotonic() - started, events
+        )
         self.last_batch = result
         log.info(
             "batch %d written: %d messages -> %d rows, %d dead letters in %.2f s",

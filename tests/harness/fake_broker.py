@@ -321,6 +321,7 @@ class FakeBroker:
 
         self._cond = threading.Condition()
         self._reply_codes: deque[int] = deque()
+        self._reply_filter: str | None = None
         self._held = False
         self._awaiting_pubrel: dict[str, set[int]] = {}  # session state: client id -> packet ids
         self._connections: list[_Connection] = []
@@ -368,10 +369,12 @@ class FakeBroker:
 
     # -- scripting --
 
-    def reply_publish(self, reason_codes: Iterable[int]) -> None:
-        """The next PUBACK/PUBREC replies carry these codes in order, then 0x00 again."""
+    def reply_publish(self, reason_codes: Iterable[int], topic_filter: str | None = None) -> None:
+        """The next PUBACK/PUBREC replies (to PUBLISHes matching `topic_filter`, if given) carry
+        these codes in order, then 0x00 again."""
         with self._cond:
             self._reply_codes.extend(reason_codes)
+            self._reply_filter = topic_filter
 
     def hold_acks(self) -> None:
         """Answer no client PUBLISH or PUBREL until release_acks()."""
@@ -503,7 +506,7 @@ class FakeBroker:
         elif packet_type == PUBREL:
             packet_id = reader.u16()
             self.pubrels.append((conn.client_id, packet_id))
-            conn.pending.append((PUBREL, 2, packet_id))
+            conn.pending.append((PUBREL, 2, packet_id, ""))
             self._flush(conn)
         elif packet_type in (PUBACK, PUBREC, PUBCOMP):
             self._on_client_ack(conn, packet_type, reader)
@@ -579,16 +582,17 @@ class FakeBroker:
             )
         )
         if qos:
-            conn.pending.append((PUBLISH, qos, packet_id))
+            conn.pending.append((PUBLISH, qos, packet_id, topic))
             self._flush(conn)
 
     def _flush(self, conn: _Connection) -> None:
         """Answer the connection's waiting PUBLISH/PUBREL in order, unless acks are held."""
         while conn.pending and not self._held and not conn.ending:
-            packet_type, qos, packet_id = conn.pending.popleft()
+            packet_type, qos, packet_id, topic = conn.pending.popleft()
             awaiting = self._awaiting_pubrel.setdefault(conn.client_id, set())
             if packet_type == PUBLISH:
-                reason = self._reply_codes.popleft() if self._reply_codes else 0x00
+                scripted = self._reply_filter is None or topic_matches(self._reply_filter, topic)
+                reason = self._reply_codes.popleft() if self._reply_codes and scripted else 0x00
                 if qos == 2 and reason < 0x80:
                     awaiting.add(packet_id)
                 self._send(conn, ack_packet(PUBACK if qos == 1 else PUBREC, packet_id, reason))

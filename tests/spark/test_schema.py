@@ -5,7 +5,7 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from persistence.keys import message_key
-from spark.schema import DEAD_LETTERS_SCHEMA, READS_SCHEMA, build_batch
+from spark.schema import DEAD_LETTERS_SCHEMA, EVENTS_SCHEMA, READS_SCHEMA, build_batch
 from spark.zebra import TagRead
 
 TOPIC = "zebra/fx/fx9600-01/reads"
@@ -148,3 +148,74 @@ def test_a_parser_that_crashes_dead_letters_the_message_instead_of_failing_the_b
     batch = build_batch([record(b"ok"), record(b"poison")], batch_id=1, parse=parse)
     assert batch.reads.num_rows == 1
     assert batch.dead_letters.column("reason").to_pylist() == ["parser_error"]
+
+
+# --- life-cycle events ---------------------------------------------------------------------------
+
+LIFECYCLE_FILTER = "fxgate/dev/+/lifecycle"
+
+
+def lifecycle_event(client: str = "fxgate-dev-gw", reason: str | None = None) -> dict:
+    data = {
+        "clientName": client,
+        "clientAuthenticationName": client,
+        "clientSessionName": client,
+        "sequenceNumber": 3,
+    }
+    if reason is not None:
+        data["disconnectionReason"] = reason
+    return {
+        "specversion": "1.0",
+        "id": f"id-{client}-{reason}",
+        "type": "fxgate.MQTTClientSessionDisconnected",
+        "source": "fxgate/dev/fxgate-dev-gw",
+        "subject": f"clients/{client}/sessions/{client}",
+        "time": "2026-11-21T23:59:59.500000Z",
+        "datacontenttype": "application/json",
+        "data": data,
+    }
+
+
+def test_lifecycle_records_land_in_events_and_reads_are_unchanged():
+    readings = mixed_records()
+    lifecycle = record(
+        lifecycle_event(reason="ConnectionLost"), topic="fxgate/dev/fxgate-dev-gw/lifecycle"
+    )
+    with_events = build_batch(
+        [*readings[:2], lifecycle, *readings[2:]], 9, events_filter=LIFECYCLE_FILTER
+    )
+    without = build_batch(readings, 9)
+    assert with_events.reads == without.reads
+    assert with_events.dead_letters == without.dead_letters
+    assert with_events.events.schema == EVENTS_SCHEMA
+    (row,) = with_events.events.to_pylist()
+    assert row == {
+        "id": "id-fxgate-dev-gw-ConnectionLost",
+        "type": "fxgate.MQTTClientSessionDisconnected",
+        "source": "fxgate/dev/fxgate-dev-gw",
+        "subject": "clients/fxgate-dev-gw/sessions/fxgate-dev-gw",
+        "time": datetime(2026, 11, 21, 23, 59, 59, 500000, tzinfo=UTC),
+        "client_id": "fxgate-dev-gw",
+        "session": "fxgate-dev-gw",
+        "sequence_number": 3,
+        "disconnection_reason": "ConnectionLost",
+        "data": json.dumps(lifecycle_event(reason="ConnectionLost")["data"], sort_keys=True),
+        "received_time": datetime(2026, 11, 22, 0, 0, 1, 250000, tzinfo=UTC),
+        "pack_id": 1,
+        "batch_id": 9,
+        "date": "2026-11-21",
+    }
+
+
+def test_without_an_events_filter_a_lifecycle_record_is_not_an_event():
+    lifecycle = record(lifecycle_event(), topic="fxgate/dev/fxgate-dev-gw/lifecycle")
+    batch = build_batch([lifecycle], 1)
+    assert batch.events.num_rows == 0
+    assert batch.dead_letters.num_rows == 1  # not a Zebra payload: as before this change
+
+
+def test_a_broken_lifecycle_payload_is_a_dead_letter_not_an_event():
+    broken = record(b'{"id": "x"}', topic="fxgate/dev/c/lifecycle")
+    batch = build_batch([broken], 1, events_filter=LIFECYCLE_FILTER)
+    assert batch.events.num_rows == 0
+    assert batch.dead_letters.column("reason").to_pylist() == ["invalid_event"]

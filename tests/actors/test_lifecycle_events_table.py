@@ -1,0 +1,46 @@
+"""Life-cycle events through the whole path: real mosquitto -> ledger -> Spark `events` table."""
+
+import pytest
+
+from actors.clock import RealClock
+from actors.config import load_config
+from actors.lifecycle import CLIENT_CREATED_OR_UPDATED, SESSION_CONNECTED
+from actors.supervisor import Supervisor
+from spark.schema import EVENTS_SCHEMA
+from spark.tables import EVENTS, read_table_arrow
+
+pytestmark = [pytest.mark.broker, pytest.mark.spark]
+
+
+def test_the_source_connect_event_lands_in_the_events_table_exactly_once(
+    mosquitto, spark_session, tmp_path
+):
+    environ = {
+        "FXGATE__SOURCE__PORT": str(mosquitto.port),
+        "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
+        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+    }
+    config = load_config(None, environ=environ, hostname="gw-test")
+    clock = RealClock()
+    supervisor = Supervisor(config, clock, session_factory=lambda: spark_session)
+    supervisor.start()
+    try:
+        # created-or-updated (first start) and connected
+        assert supervisor.wait_for_landed(0, events=2, timeout=60)
+        supervisor.ref("ledger").proxy().stats().get(timeout=10)
+    finally:
+        supervisor.stop()
+        clock.close()
+
+    events = read_table_arrow(config.tables_path, EVENTS, EVENTS_SCHEMA).to_pylist()
+    client = config.identity.client_id
+    connected = [e for e in events if e["type"] == SESSION_CONNECTED]
+    assert len(connected) == 1, events
+    assert (connected[0]["client_id"], connected[0]["sequence_number"]) == (client, 1)
+    assert connected[0]["subject"] == f"clients/{client}/sessions/{client}"
+    assert [e["type"] for e in events].count(CLIENT_CREATED_OR_UPDATED) == 1
+    assert len({e["id"] for e in events}) == len(events)
+    # Nothing of it went to the other tables.
+    assert supervisor.rows_written == 0
+    assert supervisor.dead_letters_written == 0

@@ -1,0 +1,99 @@
+"""Life-cycle events as ledger messages: topic, payload and the implicit forwarding route."""
+
+import json
+
+import pytest
+
+from actors.lifecycle_sink import LedgerEventSink, event_message
+from actors.routes import (
+    DEFAULT_LIFECYCLE_TOPIC,
+    check_lifecycle_topic,
+    lifecycle_filter,
+    lifecycle_route,
+    render_target,
+    route_for,
+    topic_matches,
+)
+from persistence.inbound_ledger import StoreLocal
+
+EVENT = {
+    "specversion": "1.0",
+    "id": "5b0e6a53-0000-4000-8000-000000000001",
+    "type": "fxgate.MQTTClientSessionConnected",
+    "source": "fxgate/prod/fxgate-prod-gw-01",
+    "subject": "clients/fxgate-prod-gw-01/sessions/fxgate-prod-gw-01",
+    "time": "2026-11-22T10:00:00.000001Z",
+    "datacontenttype": "application/json",
+    "data": {
+        "clientName": "fxgate-prod-gw-01",
+        "clientAuthenticationName": "fxgate",
+        "clientSessionName": "fxgate-prod-gw-01",
+        "sequenceNumber": 7,
+    },
+}
+
+
+class Recorder:
+    def __init__(self):
+        self.told = []
+
+    def tell(self, message):
+        self.told.append(message)
+
+
+def test_an_event_becomes_a_qos1_message_on_its_clients_topic_with_sorted_json():
+    message = event_message(EVENT, DEFAULT_LIFECYCLE_TOPIC, "prod")
+    assert message.topic == "fxgate/prod/fxgate-prod-gw-01/lifecycle"
+    assert message.qos == 1
+    assert json.loads(message.payload) == EVENT
+    keys = list(json.loads(message.payload))
+    assert keys == sorted(keys)
+
+
+def test_the_same_event_always_gives_the_same_bytes_so_the_ledger_stores_it_once():
+    shuffled = dict(reversed(list(EVENT.items())))
+    assert event_message(EVENT, DEFAULT_LIFECYCLE_TOPIC, "e") == event_message(
+        shuffled, DEFAULT_LIFECYCLE_TOPIC, "e"
+    )
+
+
+def test_the_sink_tells_the_ledger_a_store_local_message():
+    ledger = Recorder()
+    LedgerEventSink(ledger, "site/{environment}/events/{client}", "dev").tell(EVENT)
+    (told,) = ledger.told
+    assert isinstance(told, StoreLocal)
+    assert told.topic == "site/dev/events/fxgate-prod-gw-01"
+
+
+def test_the_lifecycle_filter_matches_every_client_of_this_environment_only():
+    pattern = lifecycle_filter(DEFAULT_LIFECYCLE_TOPIC, "prod")
+    assert pattern == "fxgate/prod/+/lifecycle"
+    assert topic_matches(pattern, "fxgate/prod/fxgate-upstream-prod-gw-01/lifecycle")
+    assert not topic_matches(pattern, "fxgate/dev/x/lifecycle")
+    assert not topic_matches(pattern, "zebra/fx/fx9600-01/reads")
+
+
+def test_the_implicit_route_forwards_events_on_their_own_topic_ahead_of_a_catch_all():
+    route = lifecycle_route(DEFAULT_LIFECYCLE_TOPIC, "prod")
+    catch_all = type(route)(0, "#", "elsewhere/{topic}", 0, True)
+    topic = "fxgate/prod/c1/lifecycle"
+    chosen = route_for((route, catch_all), topic)
+    assert chosen is route
+    assert (chosen.effective_qos, render_target(chosen, topic, "prod")) == (1, topic)
+
+
+@pytest.mark.parametrize(
+    "template",
+    ["", "fxgate/{client}x/lifecycle", "fxgate/{reader}/{client}", "a/+/{client}", "$x/{client}"],
+)
+def test_a_lifecycle_topic_that_cannot_name_every_client_is_refused(template):
+    with pytest.raises(ValueError):
+        check_lifecycle_topic(template)
+
+
+def test_a_bad_lifecycle_topic_in_the_config_is_reported_with_its_key():
+    from actors.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError) as caught:
+        load_config(None, environ={"FXGATE__LIFECYCLE__TOPIC": "x/{client}y"}, hostname="gw")
+    assert any("lifecycle.topic" in e for e in caught.value.errors)
