@@ -44,3 +44,40 @@ def test_the_source_connect_event_lands_in_the_events_table_exactly_once(
     # Nothing of it went to the other tables.
     assert supervisor.rows_written == 0
     assert supervisor.dead_letters_written == 0
+
+
+def test_a_restart_continues_the_sequence_and_the_table_holds_every_event_once(
+    mosquitto, spark_session, tmp_path
+):
+    environ = {
+        "FXGATE__SOURCE__PORT": str(mosquitto.port),
+        "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
+        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+    }
+    config = load_config(None, environ=environ, hostname="gw-test")
+    for run in (1, 2):
+        clock = RealClock()
+        supervisor = Supervisor(config, clock, session_factory=lambda: spark_session)
+        supervisor.start()
+        try:
+            # Run 1: created + connected. Run 2: connected (the stop's disconnect landed in
+            # run 1's last batch).
+            assert supervisor.wait_for_landed(0, events=2 if run == 1 else 1, timeout=60)
+        finally:
+            supervisor.stop()
+            clock.close()
+
+    events = read_table_arrow(config.tables_path, EVENTS, EVENTS_SCHEMA).to_pylist()
+    sessions = sorted(
+        (e["sequence_number"], e["type"] != SESSION_CONNECTED, e["disconnection_reason"])
+        for e in events
+        if e["type"] != CLIENT_CREATED_OR_UPDATED
+    )
+    assert sessions == [
+        (1, False, None),
+        (1, True, "ClientInitiatedDisconnect"),
+        (2, False, None),
+        (2, True, "ClientInitiatedDisconnect"),
+    ]
+    assert len({e["id"] for e in events}) == len(events)
