@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Protocol
 import pykka
 
 from actors.clock import Clock
-from persistence.database import SYNCHRONOUS
+from persistence.database import SYNCHRONOUS, connect_sqlite
 
 if TYPE_CHECKING:  # actors.connection tells this module's messages: no import cycle at run time
     from actors.connection import ConnectionSettings
@@ -172,11 +172,7 @@ class LifecycleActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         # Opened here, not in __init__: sqlite3 connections refuse threads other than their own.
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self._path)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={SYNCHRONOUS[self._durability]}")
-        self._db.executescript(SCHEMA)
+        self._db = connect_sqlite(self._path, self._durability, SCHEMA)
         for row in self._db.execute(
             "SELECT client_id, name, authentication_name, host, port, fingerprint, created_on,"
             " updated_on, sequence_number, state, session_name, last_reason, last_event_time"

@@ -38,11 +38,11 @@ def check_topic_filter(value: str) -> str:
     return value
 
 
-def check_target(template: str) -> str:
-    """A target template: topic-name text with `{topic}`, `{reader}` or `{environment}` in it
-    (`{{` and `}}` stand for literal braces). Returns `template`; raises ValueError."""
+def check_topic_template(template: str, placeholders: tuple[str, ...], what: str) -> str:
+    """A topic-name template with only these `{placeholders}` (`{{` and `}}` stand for literal
+    braces); `what` names it in errors. Returns `template`; raises ValueError."""
     if not template:
-        raise ValueError("a target topic must not be empty")
+        raise ValueError(f"a {what} must not be empty")
     try:
         parts = list(string.Formatter().parse(template))
     except ValueError:
@@ -56,18 +56,22 @@ def check_target(template: str) -> str:
             raise ValueError(f"{template!r}: a topic name may not contain '+', '#' or NUL")
         if name is None:
             continue
-        if name not in PLACEHOLDERS:
+        if name not in placeholders:
             shown = f"{{{name}}}" if name else "{}"
-            raise ValueError(
-                f"{template!r}: unknown placeholder {shown}; use {{topic}}, {{reader}} or "
-                "{environment}"
-            )
+            named = [f"{{{p}}}" for p in placeholders]
+            allowed = ", ".join(named[:-1]) + " or " + named[-1]
+            raise ValueError(f"{template!r}: unknown placeholder {shown}; use {allowed}")
         if spec or conversion:
             raise ValueError(f"{template!r}: write {{{name}}} without a format spec or '!'")
     if template.startswith("$"):
         # Brokers reserve '$' topics for themselves (MQTT 5 §4.7.2); mosquitto refuses them.
-        raise ValueError(f"{template!r}: a target topic may not start with '$'")
+        raise ValueError(f"{template!r}: a {what} may not start with '$'")
     return template
+
+
+def check_target(template: str) -> str:
+    """A route's target: `{topic}`, `{reader}` or `{environment}` in it."""
+    return check_topic_template(template, PLACEHOLDERS, "target topic")
 
 
 @dataclass(frozen=True)
@@ -136,29 +140,9 @@ DEFAULT_LIFECYCLE_TOPIC = "fxgate/{environment}/{client}/lifecycle"
 
 
 def check_lifecycle_topic(template: str) -> str:
-    """The `[lifecycle] topic` template: topic-name text with `{environment}` and a `{client}`
-    that is a whole level (so that `lifecycle_filter` can match every client with '+').
-    Returns `template`; raises ValueError."""
-    if not template:
-        raise ValueError("a topic must not be empty")
-    try:
-        parts = list(string.Formatter().parse(template))
-    except ValueError:
-        raise ValueError(
-            f"{template!r}: unbalanced '{{' or '}}' (write '{{{{' or '}}}}' for a literal brace)"
-        ) from None
-    for literal, name, spec, conversion in parts:
-        if "+" in literal or "#" in literal or "\x00" in literal:
-            raise ValueError(f"{template!r}: a topic name may not contain '+', '#' or NUL")
-        if name is not None and name not in LIFECYCLE_PLACEHOLDERS:
-            shown = f"{{{name}}}" if name else "{}"
-            raise ValueError(
-                f"{template!r}: unknown placeholder {shown}; use {{environment}} or {{client}}"
-            )
-        if spec or conversion:
-            raise ValueError(f"{template!r}: write {{{name}}} without a format spec or '!'")
-    if template.startswith("$"):
-        raise ValueError(f"{template!r}: a topic may not start with '$' (MQTT 5 §4.7.2)")
+    """The `[lifecycle] topic` template: `{environment}` and a `{client}` that is a whole level
+    (so that `lifecycle_filter` can match every client with '+')."""
+    check_topic_template(template, LIFECYCLE_PLACEHOLDERS, "topic")
     if "{client}" not in template.split("/"):
         raise ValueError(f"{template!r}: {{client}} must be a whole topic level of its own")
     return template

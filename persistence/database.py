@@ -8,6 +8,7 @@ fsynced before it returns, so it survives power loss too (DESIGN §3.7).
 from __future__ import annotations
 
 import logging
+import sqlite3
 from pathlib import Path
 
 from sqlalchemy import (
@@ -93,6 +94,19 @@ counters = Table(
 )
 
 SYNCHRONOUS = {"process": "NORMAL", "power": "FULL"}
+
+
+def connect_sqlite(path: Path, durability: str, schema: str) -> sqlite3.Connection:
+    """A plain sqlite3 connection for an actor that owns a small file of its own (the outbound
+    ledger, the life-cycle actor): WAL, the durability's synchronous level, the schema created.
+    Call it in the owning actor's thread (on_start)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
+    db.executescript(schema)
+    return db
 
 
 def open_engine(path: Path, durability: str = "process", readonly: bool = False) -> Engine:

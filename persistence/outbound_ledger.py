@@ -33,7 +33,7 @@ from actors.crashpoints import crash_point
 from actors.pack import Pack, PackSealed
 from actors.routes import Route, render_target, route_for
 from actors.upstream_client import AckType, OutboundAck, OutboundPublish
-from persistence.database import SYNCHRONOUS
+from persistence.database import connect_sqlite
 from persistence.inbound_ledger import LedgerRecord
 from spark.writer import Landed
 
@@ -151,13 +151,7 @@ class OutboundLedger(pykka.ThreadingActor):
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
-        import sqlite3
-
-        self._path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(self._path)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={SYNCHRONOUS[self._durability]}")
-        self._db.executescript(SCHEMA)
+        self._db = connect_sqlite(self._path, self._durability, SCHEMA)
         self._known = {
             seq: (state, packet_id, attempts)
             for seq, state, packet_id, attempts in self._db.execute(
