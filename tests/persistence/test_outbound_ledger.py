@@ -1,5 +1,6 @@
 """Forwarding upstream against two real brokers: source -> fxgate -> upstream, and the table."""
 
+import json
 import os
 import re
 import sqlite3
@@ -683,3 +684,30 @@ def test_after_a_reconnect_resends_respect_a_smaller_receive_maximum(outbound_wi
     ref.tell(OutboundAck(2, first[0][1], AckType.PUBACK, 0, "Success"))
     (next_one,) = client.wait_sent(14)[13:]
     assert next_one[1:3] == (first[3][1], True)
+
+
+def test_life_cycle_events_reach_the_upstream_broker_on_their_own_topic(
+    forwarding_gateway, brokers
+):
+    _, upstream = brokers
+    events = Collector(upstream.host, upstream.port, "fxgate/+/+/lifecycle", qos=1)
+    try:
+        gateway = forwarding_gateway(qos=1)
+        source_id = gateway.config.identity.client_id
+        upstream_id = gateway.config.identity.upstream_client_id
+        # Each client: created-or-updated, then connected.
+        messages = events.wait_for(4)
+    finally:
+        events.close()
+    by_topic = {}
+    for topic, payload, props in messages:
+        event = json.loads(payload)
+        by_topic.setdefault(topic, []).append(event["type"].rsplit(".", 1)[1])
+        # Forwarded like a read: with its idempotency key.
+        assert IDEMPOTENCY_PROPERTY in props
+    assert set(by_topic) == {
+        f"fxgate/local-gw-test/{source_id}/lifecycle",
+        f"fxgate/local-gw-test/{upstream_id}/lifecycle",
+    }
+    for kinds in by_topic.values():
+        assert "MQTTClientSessionConnected" in kinds
