@@ -220,6 +220,25 @@ def _connections(snapshot: dict, health: Health) -> Iterator[Metric]:
         reconnects.add_metric([name], max(conn.get("connects", 0) - 1, 0))
         disconnects.add_metric([name], conn.get("disconnects", 0))
     yield from (up, down, connects, reconnects, disconnects)
+    yield from _lifecycle(snapshot)
+
+
+def _lifecycle(snapshot: dict) -> Iterator[Metric]:
+    """The life-cycle sequence number of each client: it rises by one per connect, persisted, so
+    its rate is the reconnect rate across restarts too."""
+    clients = snapshot.get("lifecycle") or []
+    if not clients:
+        return
+    sequence = GaugeMetricFamily(
+        "fxgate_lifecycle_sequence_number",
+        "The client's last life-cycle sequence number (one per connect, kept across restarts).",
+        labels=["connection", "client_id"],
+    )
+    for client in clients:
+        sequence.add_metric(
+            [client["name"], client["client_id"]], client.get("sequence_number") or 0
+        )
+    yield sequence
 
 
 def _ledger(snapshot: dict) -> Iterator[Metric]:

@@ -331,3 +331,16 @@ def test_a_scrape_of_the_running_daemon_shows_the_workload_and_health_follows_th
     assert any("source connection down" in reason for reason in reasons)
     assert scrape(base)["fxgate_connection_up[source]"] == 0
     assert daemon.terminate() == 0
+
+
+def test_each_clients_life_cycle_sequence_number_is_exported(board):
+    clients = [
+        {"name": "source", "client_id": "fxgate-site1-gw1", "sequence_number": 7},
+        {"name": "upstream", "client_id": "fxgate-upstream-site1-gw1", "sequence_number": 2},
+    ]
+    board.publish(snapshot(lifecycle=clients))
+    registry = build_registry(board)
+    for client in clients:
+        labels = {"connection": client["name"], "client_id": client["client_id"]}
+        value = sample(registry, "fxgate_lifecycle_sequence_number", **labels)
+        assert value == client["sequence_number"]
