@@ -3,11 +3,11 @@
 import pytest
 
 from actors.clock import RealClock
-from actors.config import load_config
 from actors.lifecycle import CLIENT_CREATED_OR_UPDATED, SESSION_CONNECTED
 from actors.supervisor import Supervisor
 from spark.schema import EVENTS_SCHEMA
 from spark.tables import EVENTS, read_table_arrow
+from tests.actors.test_supervisor import quick_config
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -15,13 +15,7 @@ pytestmark = [pytest.mark.broker, pytest.mark.spark]
 def test_the_source_connect_event_lands_in_the_events_table_exactly_once(
     mosquitto, spark_session, tmp_path
 ):
-    environ = {
-        "FXGATE__SOURCE__PORT": str(mosquitto.port),
-        "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
-        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
-        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
-    }
-    config = load_config(None, environ=environ, hostname="gw-test")
+    config = quick_config(mosquitto, tmp_path / "data")
     clock = RealClock()
     supervisor = Supervisor(config, clock, session_factory=lambda: spark_session)
     supervisor.start()
@@ -49,13 +43,7 @@ def test_the_source_connect_event_lands_in_the_events_table_exactly_once(
 def test_a_restart_continues_the_sequence_and_the_table_holds_every_event_once(
     mosquitto, spark_session, tmp_path
 ):
-    environ = {
-        "FXGATE__SOURCE__PORT": str(mosquitto.port),
-        "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
-        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
-        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
-    }
-    config = load_config(None, environ=environ, hostname="gw-test")
+    config = quick_config(mosquitto, tmp_path / "data")
     for run in (1, 2):
         clock = RealClock()
         supervisor = Supervisor(config, clock, session_factory=lambda: spark_session)

@@ -20,17 +20,22 @@ def overrides():
     return {}
 
 
-@pytest.fixture
-def gateway(mosquitto, spark_session, tmp_path, overrides):
-    """A started Supervisor on the embedded defaults, pointed at the test broker and tmp_path."""
+def quick_config(broker, data, **overrides):
+    """The embedded defaults, pointed at the test broker and `data`, with short batching waits."""
     environ = {
-        "FXGATE__SOURCE__PORT": str(mosquitto.port),
-        "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+        "FXGATE__SOURCE__PORT": str(broker.port),
+        "FXGATE__GATEWAY__DATA_DIR": str(data),
         "FXGATE__PACKS__LINGER_SECONDS": "0.2",
         "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
         **overrides,
     }
-    config = load_config(None, environ=environ, hostname="gw-test")
+    return load_config(None, environ=environ, hostname="gw-test")
+
+
+@pytest.fixture
+def gateway(mosquitto, spark_session, tmp_path, overrides):
+    """A started Supervisor on the embedded defaults, pointed at the test broker and tmp_path."""
+    config = quick_config(mosquitto, tmp_path / "data", **overrides)
     clock = RealClock()
     supervisor = Supervisor(config, clock, session_factory=lambda: spark_session)
     supervisor.start()
