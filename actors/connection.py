@@ -76,6 +76,15 @@ class SessionEnded:
 
 
 @dataclass(frozen=True, slots=True)
+class Publish:
+    """A message of the gateway's own (a life-cycle event) to publish on this connection."""
+
+    topic: str
+    payload: bytes
+    qos: int
+
+
+@dataclass(frozen=True, slots=True)
 class Inbound:
     """A packet from the source connection, with the way back for its acknowledgement."""
 
@@ -282,6 +291,8 @@ class ConnectionActor(pykka.ThreadingActor):
                     log.error("%s: subscription to %s refused: %s", self._s.name, topic, reason)
                 else:
                     log.info("%s: subscribed to %s (%s)", self._s.name, topic, reason)
+        elif isinstance(message, Publish):
+            self._publish(message)
         elif isinstance(message, _Reconnect):
             self._timer = None
             self._next_attempt_at = None
@@ -289,6 +300,15 @@ class ConnectionActor(pykka.ThreadingActor):
                 self._attempt()
         else:
             log.warning("%s: ignored %r", self._s.name, message)
+
+    def _publish(self, message: Publish) -> None:
+        assert self._client is not None
+        # paho keeps a QoS 1 message until its PUBACK and sends it after a reconnect when it is
+        # told while we are offline; lost only with the process (see actors.lifecycle_sink).
+        info = self._client.publish(message.topic, message.payload, qos=message.qos)
+        log.debug(
+            "%s: published %s (mid %d, rc %s)", self._s.name, message.topic, info.mid, info.rc
+        )
 
     def _handle_connected(self, message: _Connected) -> None:
         if message.failed:

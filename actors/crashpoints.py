@@ -30,6 +30,8 @@ POINTS = frozenset(
         "after_spark_job_before_mark",
         # Upstream QoS 2: the broker's PUBREC arrived, not yet recorded (it has our PUBLISH).
         "after_publish_before_pubrec",
+        # A life-cycle event and its sequence number are committed; no sink has the event.
+        "after_lifecycle_commit_before_hand_on",
         # Upstream QoS 2: the broker's PUBCOMP arrived, not yet recorded (it has our PUBREL).
         "after_pubrec_before_pubcomp",
     }

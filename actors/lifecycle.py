@@ -11,7 +11,16 @@ connect it ends, so the number lives in this actor's own SQLite file and is comm
 the event leaves: after a crash the next connect can only get a higher number, never reuse one a
 consumer already saw.
 
-Sinks are anything with `tell(event: dict)` (the MQTT publisher, the `events` table writer, tests).
+The event itself is committed with its number, in an outbox table of the same file: one row per
+sink, deleted when that sink has taken the event. A kill between the two commits (ours, then the
+ledger's) therefore cannot lose it: the next start hands each sink what it still owes. Only a kill
+in the instant between the ledger's commit and our delete hands the ledger an event twice, and its
+idempotency key (the event's bytes, with their unique `id`) drops the repeat as long as it keeps
+the key (the source's session expiry + 10 min after the event landed).
+
+Sinks are anything with `tell(event: dict)` and optionally a stable `name` (the ledger, the MQTT
+publisher, tests); `tell` returning means the sink has the event (the ledger's returns once the
+event is committed), raising ActorDeadError or Timeout means it does not.
 The actor does not know the MQTT reason codes: the caller maps them to Event Grid's reason names.
 """
 
@@ -23,7 +32,7 @@ import logging
 import sqlite3
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from pathlib import Path
@@ -32,6 +41,8 @@ from typing import TYPE_CHECKING, Protocol
 import pykka
 
 from actors.clock import Clock
+from actors.crashpoints import crash_point
+from actors.lifecycle_reasons import LocalCause, disconnection_reason
 from persistence.database import SYNCHRONOUS, connect_sqlite
 
 if TYPE_CHECKING:  # actors.connection tells this module's messages: no import cycle at run time
@@ -63,6 +74,12 @@ CREATE TABLE IF NOT EXISTS clients (
     session_name TEXT,
     last_reason TEXT,
     last_event_time REAL
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    position INTEGER NOT NULL,          -- emission order
+    sink TEXT NOT NULL,                 -- the sink that has not taken it yet
+    event TEXT NOT NULL,                -- the CloudEvent as JSON
+    PRIMARY KEY (position, sink)
 );
 """
 
@@ -157,7 +174,13 @@ class LifecycleActor(pykka.ThreadingActor):
             raise ValueError(f"durability must be one of {sorted(SYNCHRONOUS)}")
         self._path = Path(path)
         self._clock = clock
-        self._sinks = tuple(sinks)
+        # By name: the outbox remembers, per sink, what it has not taken yet.
+        self._sinks: dict[str, EventSink] = {
+            getattr(sink, "name", None) or f"sink{index}": sink for index, sink in enumerate(sinks)
+        }
+        if len(self._sinks) != len(sinks):
+            raise ValueError("life-cycle sinks need distinct names")
+        self._next_position = 1
         self._source = source
         self._durability = durability
         self._db: sqlite3.Connection | None = None
@@ -181,6 +204,25 @@ class LifecycleActor(pykka.ThreadingActor):
             info = ClientInfo(row[1], row[0], row[2], row[3], row[4], row[5])
             self._clients[info.client_id] = _Client(info, *row[6:])
         log.info("lifecycle store open at %s: %d client(s) known", self._path, len(self._clients))
+        self._hand_on_outbox()
+        self._end_sessions_left_open()
+
+    def _end_sessions_left_open(self) -> None:
+        """A client still `connected` in the file lost its session when the process ended
+        without a DISCONNECT (a kill, a power cut): say so now, so a consumer's last state for
+        it is not 'connected' until the next connect."""
+        for client in list(self._clients.values()):
+            if client.state == "connected" and client.session_name is not None:
+                log.warning(
+                    "lifecycle: %s was connected when the gateway last ended; session %d lost",
+                    client.info.client_id,
+                    client.sequence_number,
+                )
+                client.state = "disconnected"
+                client.last_reason = disconnection_reason(None, local=LocalCause.PROCESS_ENDED)
+                self._emit_session(
+                    client, SESSION_DISCONNECTED, client.session_name, client.last_reason
+                )
 
     def on_stop(self) -> None:
         if self._db is not None:
@@ -232,7 +274,6 @@ class LifecycleActor(pykka.ThreadingActor):
         for client_id in [c for c in self._clients if c not in wanted]:
             client = self._clients.pop(client_id)
             self._open.pop(client_id, None)
-            self._execute("DELETE FROM clients WHERE client_id = ?", (client_id,))
             self._emit(
                 CLIENT_DELETED,
                 f"clients/{client_id}",
@@ -241,6 +282,7 @@ class LifecycleActor(pykka.ThreadingActor):
                     "clientAuthenticationName": client.info.authentication_name,
                 },
                 client.info,
+                change=("DELETE FROM clients WHERE client_id = ?", (client_id,)),
             )
         for info in configured:
             client = self._clients.get(info.client_id)
@@ -252,7 +294,6 @@ class LifecycleActor(pykka.ThreadingActor):
             else:
                 client.info = info
                 client.updated_on = now
-            self._save(client)
             self._emit(
                 CLIENT_CREATED_OR_UPDATED,
                 f"clients/{info.client_id}",
@@ -265,6 +306,7 @@ class LifecycleActor(pykka.ThreadingActor):
                     "attributes": {"role": info.name, "host": info.host, "port": info.port},
                 },
                 info,
+                change=self._save(client),
             )
 
     # -- sessions -----------------------------------------------------------------------------
@@ -301,8 +343,6 @@ class LifecycleActor(pykka.ThreadingActor):
     ) -> None:
         now = self._clock.wall()
         client.last_event_time = now
-        # Committed before any sink sees the number (module docstring).
-        self._save(client)
         data: dict = {
             "clientName": client.info.client_id,
             "clientAuthenticationName": client.info.authentication_name,
@@ -312,7 +352,8 @@ class LifecycleActor(pykka.ThreadingActor):
         if reason is not None:
             data["disconnectionReason"] = reason
         subject = f"clients/{client.info.client_id}/sessions/{session_name}"
-        self._emit(event_type, subject, data, client.info, now)
+        # Committed with the event, before any sink sees the number (module docstring).
+        self._emit(event_type, subject, data, client.info, now, change=self._save(client))
 
     def _client(self, client_id: str) -> _Client:
         client = self._clients.get(client_id)
@@ -328,9 +369,11 @@ class LifecycleActor(pykka.ThreadingActor):
 
     # -- storage and sinks --------------------------------------------------------------------
 
-    def _save(self, client: _Client) -> None:
+    @staticmethod
+    def _save(client: _Client) -> tuple[str, tuple]:
+        """The statement that records `client` as it is now."""
         i = client.info
-        self._execute(
+        return (
             "INSERT OR REPLACE INTO clients (client_id, name, authentication_name, host, port,"
             " fingerprint, created_on, updated_on, sequence_number, state, session_name,"
             " last_reason, last_event_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
@@ -351,11 +394,6 @@ class LifecycleActor(pykka.ThreadingActor):
             ),
         )
 
-    def _execute(self, sql: str, params: tuple) -> None:
-        assert self._db is not None
-        with self._db:  # one transaction, committed on leaving
-            self._db.execute(sql, params)
-
     def _emit(
         self,
         event_type: str,
@@ -363,6 +401,8 @@ class LifecycleActor(pykka.ThreadingActor):
         data: dict,
         info: ClientInfo,
         now: float | None = None,
+        *,
+        change: tuple[str, tuple],
     ) -> None:
         event = {
             "specversion": "1.0",
@@ -374,6 +414,16 @@ class LifecycleActor(pykka.ThreadingActor):
             "datacontenttype": "application/json",
             "data": data,
         }
+        assert self._db is not None
+        position = self._next_position
+        self._next_position += 1
+        text = json.dumps(event)
+        with self._db:  # the client's new state and its event: one transaction
+            self._db.execute(*change)
+            self._db.executemany(
+                "INSERT INTO outbox (position, sink, event) VALUES (?, ?, ?)",
+                [(position, name, text) for name in self._sinks],
+            )
         self._recent.append(event)
         log.info(
             "lifecycle %s: %s (%s) seq=%s reason=%s",
@@ -383,12 +433,47 @@ class LifecycleActor(pykka.ThreadingActor):
             data.get("sequenceNumber", "-"),
             data.get("disconnectionReason", "-"),
         )
-        for sink in self._sinks:
+        crash_point("after_lifecycle_commit_before_hand_on")
+        self._hand_on(position, event)
+
+    def _hand_on(self, position: int, event: dict, names: Iterable[str] | None = None) -> None:
+        """Each sink (of `names`, default all) gets the event; a sink that took it is done."""
+        for name in self._sinks if names is None else names:
             try:
-                sink.tell(event)
-            except pykka.ActorDeadError:
+                self._sinks[name].tell(event)
+            except (pykka.ActorDeadError, pykka.Timeout) as error:
                 # One stopped sink (say, the publisher during shutdown) must not silence the
-                # others or kill this actor.
+                # others or kill this actor; the outbox keeps the event for the next start.
                 log.warning(
-                    "lifecycle sink %r is gone; event %s not handed to it", sink, event["id"]
+                    "lifecycle sink %s did not take event %s (%s); kept for the next start",
+                    name,
+                    event["id"],
+                    type(error).__name__,
                 )
+                continue
+            assert self._db is not None
+            with self._db:
+                self._db.execute(
+                    "DELETE FROM outbox WHERE position = ? AND sink = ?", (position, name)
+                )
+
+    def _hand_on_outbox(self) -> None:
+        """At start: what a crash (or a sink that was gone) left in the outbox, in order."""
+        assert self._db is not None
+        owed: dict[int, tuple[dict, list[str]]] = {}
+        for position, name, text in self._db.execute(
+            "SELECT position, sink, event FROM outbox ORDER BY position, sink"
+        ):
+            self._next_position = max(self._next_position, position + 1)
+            owed.setdefault(position, (json.loads(text), []))[1].append(name)
+        gone = {n for _, names in owed.values() for n in names} - set(self._sinks)
+        if gone:
+            # A sink of an earlier configuration (say, the MQTT publisher, now that events go
+            # upstream): the events table holds them through the ledger's sink either way.
+            log.warning("lifecycle: events owed to sinks no longer configured dropped: %s", gone)
+            with self._db:
+                self._db.executemany("DELETE FROM outbox WHERE sink = ?", [(n,) for n in gone])
+        if owed:
+            log.warning("lifecycle: handing on %d event(s) stored before the last stop", len(owed))
+        for position, (event, names) in owed.items():
+            self._hand_on(position, event, [n for n in names if n in self._sinks])

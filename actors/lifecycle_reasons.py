@@ -62,6 +62,7 @@ class LocalCause(StrEnum):
     KEEPALIVE_TIMEOUT = "keepalive_timeout"
     BROKER_PROTOCOL_ERROR = "broker_protocol_error"
     CLIENT_DISCONNECT = "client_disconnect"
+    PROCESS_ENDED = "process_ended"
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,9 @@ _LOCAL_ROWS: dict[LocalCause, ReasonRow] = {
          "paho received a packet from the broker that breaks the protocol: the server misbehaved"),
         (LocalCause.CLIENT_DISCONNECT, "ClientInitiatedDisconnect",
          "we sent DISCONNECT (shutdown, config change): a graceful end of our own"),
+        (LocalCause.PROCESS_ENDED, "ConnectionLost",
+         "the gateway ended while connected (killed, power loss) and sent no DISCONNECT: announced "
+         "at its next start"),
     )
 }  # fmt: skip
 

@@ -21,7 +21,7 @@ from actors.config import Config
 from actors.connection import ConnectionActor, ConnectionSettings, ledger_client_factory
 from actors.intake import IntakeGate
 from actors.lifecycle import ClientsConfigured, LifecycleActor, client_info
-from actors.lifecycle_sink import LedgerEventSink
+from actors.lifecycle_sink import LedgerEventSink, SourceEventSink
 from actors.pack import PackActor
 from actors.routes import lifecycle_filter, lifecycle_route
 from actors.upstream_client import UpstreamClient
@@ -160,12 +160,21 @@ class Supervisor:
             # can be stored), and before the connections, so it stops after them and records
             # their final disconnects: stored in the ledger, landed or forwarded on the next
             # start if the packs have stopped by then.
+            sinks: list = [
+                LedgerEventSink(ledger, cfg.lifecycle.topic, cfg.identity.environment_id)
+            ]
+            # With an upstream, events leave through the outbound ledger (an implicit route);
+            # without one, they are published on the source broker.
+            publisher = None
+            if not cfg.forwarding:
+                publisher = SourceEventSink(cfg.lifecycle.topic, cfg.identity.environment_id)
+                sinks.append(publisher)
             lifecycle = self._start(
                 "lifecycle",
                 LifecycleActor,
                 cfg.gateway.data_path / "lifecycle.sqlite",
                 self.clock,
-                (LedgerEventSink(ledger, cfg.lifecycle.topic, cfg.identity.environment_id),),
+                sinks,
                 f"fxgate/{cfg.identity.environment_id}/{cfg.identity.client_id}",
                 durability=cfg.gateway.durability,
             )
@@ -209,7 +218,7 @@ class Supervisor:
             for batch_id, records in recovery.open_batches:
                 writer.tell(ReplayBatch(batch_id, records))
             ledger.proxy().set_listener(pack).get(timeout=ASK_TIMEOUT)
-            self._start(
+            source = self._start(
                 "source",
                 ConnectionActor,
                 source_settings(cfg),
@@ -218,6 +227,8 @@ class Supervisor:
                 client_factory=ledger_client_factory(ledger, self.intake),
                 lifecycle=lifecycle,
             )
+            if publisher is not None:
+                publisher.bind(source)
         except Exception:
             self.stop()
             raise

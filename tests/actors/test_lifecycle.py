@@ -154,8 +154,8 @@ def test_sequence_numbers_keep_increasing_across_a_restart_on_the_same_file(life
 
     second = Inbox()
     ref, proxy = lifecycle.restart(ref, second)
-    # The new process counts epochs from 1 again: its first connect is new, not a duplicate.
-    disconnect(ref, 2, "ConnectionLost")  # ends the session from before the restart
+    # The session left open ends at the start, as lost; the new process counts epochs from 1
+    # again: its first connect is new, not a duplicate.
     connect(ref, 1)
     disconnect(ref, 1)
     connect(ref, 2)
@@ -167,6 +167,7 @@ def test_sequence_numbers_keep_increasing_across_a_restart_on_the_same_file(life
         ("Disconnected", 3),
         ("Connected", 4),
     ]
+    assert second.received[0]["data"]["disconnectionReason"] == "ConnectionLost"
 
 
 def test_the_number_is_committed_before_a_sink_sees_the_event(lifecycle):
@@ -235,6 +236,7 @@ def test_a_changed_fingerprint_is_announced_as_an_update_keeping_the_creation_ti
 def test_a_client_dropped_from_the_configuration_is_deleted_and_forgotten(lifecycle):
     ref, _ = lifecycle.start(Inbox(), clients=(READER, UPSTREAM))
     connect(ref, 1, client=UPSTREAM)
+    disconnect(ref, 1, client=UPSTREAM)
     inbox = Inbox()
     ref, proxy = lifecycle.restart(ref, inbox, clients=(READER,))
     status = settle(proxy)
@@ -304,7 +306,15 @@ def test_status_reports_each_clients_last_state_and_survives_a_restart(lifecycle
     assert by_name["upstream"]["last_event_time"] == rfc3339(lifecycle.clock.wall())
 
     _, proxy = lifecycle.restart(ref, Inbox(), clients=(READER, UPSTREAM))
-    assert settle(proxy) == before
+    after = {s["name"]: s for s in settle(proxy)}
+    assert after["upstream"] == by_name["upstream"]
+    # The source's session was open when the actor stopped without its disconnect: lost.
+    assert after["source"] == {
+        **by_name["source"],
+        "state": "disconnected",
+        "last_reason": "ConnectionLost",
+        "last_event_time": rfc3339(lifecycle.clock.wall()),
+    }
 
 
 def test_a_stopped_sink_does_not_keep_events_from_the_others(lifecycle):
@@ -319,6 +329,71 @@ def test_a_stopped_sink_does_not_keep_events_from_the_others(lifecycle):
     settle(proxy)
     assert ref.is_alive()
     assert [e["type"] for e in inbox.received] == [CLIENT_CREATED_OR_UPDATED, SESSION_CONNECTED]
+
+
+class Refusing:
+    """A sink that is gone (as the ledger is when it died): it takes nothing."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def tell(self, event):
+        raise pykka.ActorDeadError(f"{self.name} is gone")
+
+
+class Named(Inbox):
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+
+
+def outbox(path):
+    with sqlite3.connect(path) as db:
+        found = db.execute("SELECT sink, event FROM outbox ORDER BY position").fetchall()
+    db.close()
+    return [(sink, json.loads(text)["type"]) for sink, text in found]
+
+
+def test_an_event_a_sink_did_not_take_is_handed_to_that_sink_alone_at_the_next_start(lifecycle):
+    mqtt = Named("mqtt")
+    ref, proxy = lifecycle.start(Refusing("ledger"), mqtt)
+    connect(ref, 1)
+    disconnect(ref, 1)
+    settle(proxy)
+    owed = [e["id"] for e in mqtt.received]
+    assert outbox(lifecycle.path) == [
+        ("ledger", CLIENT_CREATED_OR_UPDATED),
+        ("ledger", SESSION_CONNECTED),
+        ("ledger", SESSION_DISCONNECTED),
+    ]
+
+    ledger, mqtt_again = Named("ledger"), Named("mqtt")
+    ref, proxy = lifecycle.restart(ref, ledger, mqtt_again)
+    settle(proxy)
+    # The same events (same ids, same order) to the ledger; the MQTT sink had them already.
+    assert [e["id"] for e in ledger.received] == owed
+    assert mqtt_again.received == []
+    assert outbox(lifecycle.path) == []
+    connect(ref, 1)
+    settle(proxy)
+    assert session_numbers(ledger) == [("Connected", 1), ("Disconnected", 1), ("Connected", 2)]
+
+
+def test_owed_events_of_a_sink_no_longer_configured_are_dropped_not_kept_forever(lifecycle):
+    ref, proxy = lifecycle.start(Named("ledger"), Refusing("mqtt"))
+    connect(ref, 1)
+    disconnect(ref, 1)
+    settle(proxy)
+    assert {sink for sink, _ in outbox(lifecycle.path)} == {"mqtt"}
+    ledger = Named("ledger")
+    lifecycle.restart(ref, ledger)
+    assert outbox(lifecycle.path) == []
+    assert ledger.received == []
+
+
+def test_two_sinks_with_one_name_are_refused(tmp_path):
+    with pytest.raises(ValueError, match="distinct names"):
+        LifecycleActor(tmp_path / "l.sqlite", SimulatedClock(), (Named("x"), Named("x")), SOURCE)
 
 
 def test_client_info_fingerprint_follows_the_configuration_but_not_the_password():

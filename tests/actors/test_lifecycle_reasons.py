@@ -60,6 +60,7 @@ EXPECTED_LOCAL = {
     LocalCause.KEEPALIVE_TIMEOUT: "ConnectionLost",
     LocalCause.BROKER_PROTOCOL_ERROR: "ServerError",
     LocalCause.CLIENT_DISCONNECT: "ClientInitiatedDisconnect",
+    LocalCause.PROCESS_ENDED: "ConnectionLost",
 }
 
 

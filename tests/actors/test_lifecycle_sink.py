@@ -1,10 +1,14 @@
 """Life-cycle events as ledger messages: topic, payload and the implicit forwarding route."""
 
 import json
+import sqlite3
 
+import pykka
 import pytest
 
-from actors.lifecycle_sink import LedgerEventSink, event_message
+from actors.clock import SimulatedClock
+from actors.connection import Publish
+from actors.lifecycle_sink import LedgerEventSink, SourceEventSink, event_message
 from actors.routes import (
     DEFAULT_LIFECYCLE_TOPIC,
     check_lifecycle_topic,
@@ -14,7 +18,7 @@ from actors.routes import (
     route_for,
     topic_matches,
 )
-from persistence.inbound_ledger import StoreLocal
+from persistence.inbound_ledger import InboundLedger
 
 EVENT = {
     "specversion": "1.0",
@@ -33,14 +37,6 @@ EVENT = {
 }
 
 
-class Recorder:
-    def __init__(self):
-        self.told = []
-
-    def tell(self, message):
-        self.told.append(message)
-
-
 def test_an_event_becomes_a_qos1_message_on_its_clients_topic_with_sorted_json():
     message = event_message(EVENT, DEFAULT_LIFECYCLE_TOPIC, "prod")
     assert message.topic == "fxgate/prod/fxgate-prod-gw-01/lifecycle"
@@ -57,12 +53,30 @@ def test_the_same_event_always_gives_the_same_bytes_so_the_ledger_stores_it_once
     )
 
 
-def test_the_sink_tells_the_ledger_a_store_local_message():
-    ledger = Recorder()
-    LedgerEventSink(ledger, "site/{environment}/events/{client}", "dev").tell(EVENT)
-    (told,) = ledger.told
-    assert isinstance(told, StoreLocal)
-    assert told.topic == "site/dev/events/fxgate-prod-gw-01"
+def test_the_sink_returns_only_once_the_ledger_has_committed_the_event(tmp_path):
+    ledger = InboundLedger.start(tmp_path / "ledger.sqlite", SimulatedClock())
+    try:
+        sink = LedgerEventSink(ledger, "site/{environment}/events/{client}", "dev")
+        sink.tell(EVENT)
+        # Another connection sees the row at once: it was committed before tell returned.
+        with sqlite3.connect(tmp_path / "ledger.sqlite") as conn:
+            stored = conn.execute("SELECT topic, payload, qos FROM inbound").fetchall()
+        assert stored == [
+            (
+                "site/dev/events/fxgate-prod-gw-01",
+                event_message(EVENT, sink._template, "dev").payload,
+                1,
+            )
+        ]
+    finally:
+        ledger.stop()
+
+
+def test_the_sink_raises_when_the_ledger_is_gone_so_the_event_stays_owed(tmp_path):
+    ledger = InboundLedger.start(tmp_path / "ledger.sqlite", SimulatedClock())
+    ledger.stop()
+    with pytest.raises(pykka.ActorDeadError):
+        LedgerEventSink(ledger, DEFAULT_LIFECYCLE_TOPIC, "dev").tell(EVENT)
 
 
 def test_the_lifecycle_filter_matches_every_client_of_this_environment_only():
@@ -97,3 +111,40 @@ def test_a_bad_lifecycle_topic_in_the_config_is_reported_with_its_key():
     with pytest.raises(ConfigError) as caught:
         load_config(None, environ={"FXGATE__LIFECYCLE__TOPIC": "x/{client}y"}, hostname="gw")
     assert any("lifecycle.topic" in e for e in caught.value.errors)
+
+
+class Connection(pykka.ThreadingActor):
+    def __init__(self):
+        super().__init__()
+        self.published = []
+
+    def on_receive(self, message):
+        self.published.append(message)
+
+    def seen(self):
+        return list(self.published)
+
+
+def test_the_source_sink_keeps_events_until_bound_then_publishes_them_in_order():
+    sink = SourceEventSink(DEFAULT_LIFECYCLE_TOPIC, "dev")
+    later = {**EVENT, "id": "second"}
+    sink.tell(EVENT)  # before the source connection exists
+    connection = Connection.start()
+    try:
+        sink.bind(connection)
+        sink.tell(later)
+        published = connection.proxy().seen().get(timeout=10)
+    finally:
+        connection.stop()
+    assert [json.loads(p.payload)["id"] for p in published] == [EVENT["id"], "second"]
+    assert {(p.topic, p.qos) for p in published} == {("fxgate/dev/fxgate-prod-gw-01/lifecycle", 1)}
+    assert all(isinstance(p, Publish) for p in published)
+
+
+def test_the_source_sink_raises_once_its_connection_stopped_so_the_event_stays_owed():
+    sink = SourceEventSink(DEFAULT_LIFECYCLE_TOPIC, "dev")
+    connection = Connection.start()
+    sink.bind(connection)
+    connection.stop()
+    with pytest.raises(pykka.ActorDeadError):
+        sink.tell(EVENT)
