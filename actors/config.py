@@ -16,7 +16,10 @@ together (either one alone is an error). `Config.routes` holds the routes in eff
 such as a route whose `persist = false` lowers its QoS to 0 (the caller logs them).
 
 Secrets never live in the model: `source.password_env` and `upstream.password_env` hold the *name*
-of a variable, read by `password()` at connect time.
+of a variable, read by `password()` at connect time; `password_file` the path of a file the
+connection reads at each connect. The files that TLS and `password_file` name are the one thing
+`load_config` reads besides the TOML: each must be readable (and the TLS material loadable) at
+start, or the error names its key.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ import math
 import os
 import re
 import socket
+import ssl
+import stat
 import tomllib
 import types
 import typing
@@ -57,6 +62,7 @@ from actors.routes import (
     render_target,
     topic_matches,
 )
+from spark.location import parse_location
 
 logger = logging.getLogger(__name__)
 
@@ -228,12 +234,28 @@ class _BrokerSection(_Section):
             return None
         return (os.environ if environ is None else environ).get(password_env)
 
+    def file_path(self, key: str) -> str | None:
+        """The file named by `key` (tls_ca_file, password_file...) as an absolute path."""
+        value: str | None = getattr(self, key)
+        return None if value is None else os.path.abspath(os.path.expanduser(value))
+
 
 class SourceConfig(_BrokerSection):
     host: NonEmptyStr = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535)
     username: str | None = None
     password_env: EnvVarName | None = None
+    # Or a file holding the password, read at each connect (a trailing newline is dropped); in
+    # production mode it must be readable by its owner only.
+    password_file: NonEmptyStr | None = None
+    # TLS to the broker. The tls_* keys need tls = true; relative paths are taken from the
+    # working directory.
+    tls: bool = False
+    tls_ca_file: NonEmptyStr | None = None  # unset: the system's trusted CAs
+    tls_cert_file: NonEmptyStr | None = None  # with tls_key_file: mutual TLS
+    tls_key_file: NonEmptyStr | None = None
+    # Skips the broker's host name check (anyone on the path can pose as it): logged as a warning.
+    tls_insecure: bool = False
     client_id: ClientIdPart = "fxgate"
     environment_id: str | None = None  # checked by actors.identity, which knows the rule
     instance_id: ClientIdPart | None = None
@@ -267,6 +289,17 @@ class UpstreamConfig(_BrokerSection):
     port: int = Field(1883, ge=1, le=65535)
     username: str | None = None
     password_env: EnvVarName | None = None
+    # Or a file holding the password, read at each connect (a trailing newline is dropped); in
+    # production mode it must be readable by its owner only.
+    password_file: NonEmptyStr | None = None
+    # TLS to the broker. The tls_* keys need tls = true; relative paths are taken from the
+    # working directory.
+    tls: bool = False
+    tls_ca_file: NonEmptyStr | None = None  # unset: the system's trusted CAs
+    tls_cert_file: NonEmptyStr | None = None  # with tls_key_file: mutual TLS
+    tls_key_file: NonEmptyStr | None = None
+    # Skips the broker's host name check (anyone on the path can pose as it): logged as a warning.
+    tls_insecure: bool = False
     client_id: ClientIdPart = "fxgate-upstream"
     instance_id: ClientIdPart | None = None  # unset: source.instance_id, then the host name
     append_unique_id: bool = False
@@ -345,6 +378,7 @@ class LifecycleConfig(_Section):
 
 class SparkConfig(_Section):
     master: NonEmptyStr = "local[2]"
+    # A local path or a Hadoop URI the whole cluster reaches (spark/location.py has the rules).
     tables_dir: NonEmptyStr | None = None
     # One Spark job costs ~0.1 s fixed, so rows are flushed tens of packs at a time (§4).
     batch_max_rows: int = Field(20000, ge=1)
@@ -352,6 +386,10 @@ class SparkConfig(_Section):
     # Also bound a batch by payload bytes: FX9600 batch mode puts 50-100 reads in one message,
     # and 20,000 such messages (2M rows) ran a 512m driver out of memory (bench/results).
     batch_max_bytes: int = Field(8 * 1024 * 1024, ge=1024)
+    # Hostile input (spark.zebra): a bigger payload, or more events in one message, lands in
+    # dead_letters (`oversized`, `too_many_reads`) with its payload cut to max_payload_bytes.
+    max_payload_bytes: int = Field(1024 * 1024, ge=1024)
+    max_reads_per_message: int = Field(10000, ge=1)
     # Backpressure from the writer: above high rows waiting, intake pauses; below low, it resumes.
     backlog_high_messages: int = Field(100000, ge=1)
     backlog_low_messages: int = Field(50000, ge=0)
@@ -368,12 +406,19 @@ class SparkConfig(_Section):
             raise ValueError(f"must be below backlog_high_messages ({high}), got {value}")
         return value
 
-    def tables_path(self, data_path: Path) -> Path:
-        """Where the tables live: `tables_dir` (relative to the working directory) or
-        `<data_path>/tables`."""
+    @field_validator("tables_dir")
+    @classmethod
+    def _tables_location(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_location(value)
+        return value
+
+    def tables_path(self, data_path: Path) -> Path | str:
+        """Where the tables live: `tables_dir` (a path relative to the working directory, a
+        `file:` URI, both as a `Path`; any other URI as its text) or `<data_path>/tables`."""
         if self.tables_dir is None:
             return data_path / TABLES_DIR_NAME
-        return Path(os.path.abspath(os.path.expanduser(self.tables_dir)))
+        return parse_location(self.tables_dir)
 
     def __repr_args__(self) -> Iterator[tuple[str | None, Any]]:
         for name, value in super().__repr_args__():
@@ -426,7 +471,7 @@ class Config(BaseModel):
         return self.gateway.ledger_path
 
     @property
-    def tables_path(self) -> Path:
+    def tables_path(self) -> Path | str:
         return self.spark.tables_path(self.gateway.data_path)
 
     def warnings(self) -> list[str]:
@@ -443,13 +488,37 @@ class Config(BaseModel):
                     f"routes[{route.index}]: persist = false downgrades QoS {route.qos} to "
                     f"{route.effective_qos} (messages are not kept across restarts)"
                 )
+        for name, section in self._brokers():
+            if section.tls and section.tls_insecure:
+                warnings.append(
+                    f"{name}.tls_insecure = true: the broker's host name is NOT verified, so "
+                    f"anyone on the network path to {section.host}:{section.port} can pose as "
+                    "the broker; never use this in production"
+                )
+            for key in _SECRET_FILES:
+                path = section.file_path(key)
+                mode = None if path is None else _group_or_world_mode(path)
+                if mode is not None and self.gateway.mode != "production":
+                    shown = "the file" if key == "password_file" else path
+                    warnings.append(
+                        f"{name}.{key}: {shown} is accessible by group or others (mode "
+                        f"{mode:04o}); production mode refuses this (chmod 600)"
+                    )
         if self.forwarding and self.upstream is not None and self.upstream.clean_session:
             warnings.append(
                 "upstream.clean_session = true: the upstream session is dropped on every "
                 "connect, so QoS 1/2 messages in flight at a disconnect are sent again under new "
                 "packet ids and may arrive twice"
             )
+        warnings.extend(_source_session_warnings(self.source))
         return warnings
+
+    def _brokers(self) -> list[tuple[str, SourceConfig | UpstreamConfig]]:
+        """The broker sections in use."""
+        brokers: list[tuple[str, SourceConfig | UpstreamConfig]] = [("source", self.source)]
+        if self.forwarding and self.upstream is not None:
+            brokers.append(("upstream", self.upstream))
+        return brokers
 
     def summary_lines(self) -> list[str]:
         """Start-up facts for the log, one per line. Holds no secret by construction: passwords
@@ -502,6 +571,43 @@ class Config(BaseModel):
         return lines
 
 
+def _source_session_warnings(source: SourceConfig) -> list[str]:
+    """The broker keeps what it queues for this gateway only while the session lives, and never
+    gives a shared group member's share to the other members: mosquitto 2.0.11 discards it when
+    the session expires or a clean start replaces it (tests/actors/test_several_gateways.py).
+    So the session must outlive the longest outage of the gateway."""
+    group = source.shared_subscription_group
+    queued = (
+        f"the reads the broker queued for this gateway's share of group {group!r}"
+        if group
+        else "the reads the broker queued for this gateway"
+    )
+    expiry = source.session_expiry_interval_seconds
+    if source.clean_session:
+        return [
+            f"source.clean_session = true: every connect discards {queued} while it was away "
+            "(lost at the broker, never given to another gateway)"
+        ]
+    if expiry == 0:
+        away = (
+            "the reads in flight to it are lost (the other members get the rest)"
+            if group
+            else "the reads published while it is away are not kept for it"
+        )
+        return [
+            "source.session_expiry_interval_seconds = 0: the broker ends the session at every "
+            f"disconnect, so {away}"
+        ]
+    if expiry <= source.reconnect_max_delay_seconds:
+        return [
+            f"source.session_expiry_interval_seconds = {expiry} is not above "
+            f"source.reconnect_max_delay_seconds ({source.reconnect_max_delay_seconds:g}): one "
+            f"reconnect wait can outlast the session, and {queued} are then discarded; keep the "
+            "expiry above the longest outage of a gateway"
+        ]
+    return []
+
+
 def _metrics(gateway: GatewayConfig) -> str:
     if not gateway.metrics_port:
         return "metrics off"
@@ -518,11 +624,25 @@ def _broker(section: SourceConfig | UpstreamConfig) -> str:
     host = f"[{section.host}]" if ":" in section.host else section.host
     if section.username is None:
         auth = "anonymous"
-    elif section.password_env is None:
-        auth = f"user {section.username!r}, no password"
-    else:
+    elif section.password_env is not None:
         auth = f"user {section.username!r}, password from ${section.password_env}"
-    return f"{host}:{section.port} ({auth})"
+    elif section.password_file is not None:
+        auth = f"user {section.username!r}, password from file {section.file_path('password_file')}"
+    else:
+        auth = f"user {section.username!r}, no password"
+    return f"{host}:{section.port} ({auth}{_tls(section)})"
+
+
+def _tls(section: SourceConfig | UpstreamConfig) -> str:
+    if not section.tls:
+        return ""
+    ca = section.file_path("tls_ca_file") or "the system's CAs"
+    client = section.file_path("tls_cert_file")
+    return (
+        f", TLS: broker verified against {ca}, host name "
+        + ("NOT verified (tls_insecure)" if section.tls_insecure else "verified")
+        + (f", client certificate {client}" if client else "")
+    )
 
 
 def _session(section: SourceConfig | UpstreamConfig) -> str:
@@ -597,6 +717,10 @@ def load_config(
             errors.extend(_production_errors("source", source, environ))
             if forwarding:
                 errors.extend(_production_errors("upstream", upstream, environ))
+        production = gateway.mode == "production"
+        errors.extend(_security_errors("source", source, production))
+        if forwarding:
+            errors.extend(_security_errors("upstream", upstream, production))
 
     routes: tuple[Route, ...] = ()
     if forwarding and route_configs is not None:
@@ -742,6 +866,128 @@ def _production_errors(
     return errors
 
 
+# The files a broker section may name; the secret ones must be private in production mode.
+_TLS_FILES = ("tls_ca_file", "tls_cert_file", "tls_key_file")
+_SECRET_FILES = ("tls_key_file", "password_file")
+
+
+def _security_errors(
+    name: str, section: SourceConfig | UpstreamConfig, production: bool
+) -> list[str]:
+    """The TLS and password-file keys of a broker section: consistent, every file readable and
+    the TLS material loadable. It reads the files, at start, so that a wrong path or a key that
+    does not match its certificate fails with its key named rather than at the first connect."""
+    errors = []
+    if not section.tls:
+        errors += [
+            f"{name}.{key}: set, but {name}.tls = false, so the connection would not use TLS "
+            "(set tls = true, or remove the key)"
+            for key in (*_TLS_FILES, "tls_insecure")
+            if getattr(section, key) not in (None, False)
+        ]
+    if (section.tls_cert_file is None) != (section.tls_key_file is None):
+        missing, given = (
+            ("tls_key_file", "tls_cert_file")
+            if section.tls_key_file is None
+            else ("tls_cert_file", "tls_key_file")
+        )
+        errors.append(
+            f"{name}.{missing}: required with {name}.{given} (mutual TLS needs the client "
+            "certificate and its key)"
+        )
+    if section.password_file is not None and section.password_env is not None:
+        errors.append(f"{name}.password_file: set password_env or password_file, not both")
+    readable: dict[str, str] = {}
+    for key in (*_TLS_FILES, "password_file"):
+        path = section.file_path(key)
+        if path is None:
+            continue
+        # Never echo a password_file value: it may be the password itself, in the wrong key.
+        shown = "the file" if key == "password_file" else path
+        problem = _unreadable(path)
+        if problem is None and key == "password_file":
+            problem = _password_file_problem(path)
+        if problem is not None:
+            where = "" if key == "password_file" else f"{path}: "
+            errors.append(f"{name}.{key}: {where}{problem}")
+            continue
+        readable[key] = path
+        mode = _group_or_world_mode(path)
+        if production and key in _SECRET_FILES and mode is not None:
+            errors.append(
+                f"{name}.{key}: {shown} is accessible by group or others (mode {mode:04o}); "
+                f"make it private to the daemon's user (chmod 600), required in production mode"
+            )
+    if section.tls:
+        errors += _tls_material_errors(name, readable)
+    return errors
+
+
+def _unreadable(path: str) -> str | None:
+    try:
+        with open(path, "rb"):
+            return None
+    except FileNotFoundError:
+        return "no such file"
+    except IsADirectoryError:
+        return "is a directory, not a file"
+    except PermissionError:
+        return "not readable by this user (permission denied)"
+    except OSError as error:
+        return f"cannot be read: {error.strerror}"
+
+
+def _password_file_problem(path: str) -> str | None:
+    # What is read is checked, never shown.
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        return "the file is not UTF-8 text"
+    except OSError as error:
+        return f"cannot be read: {error.strerror}"
+    if not text.rstrip("\r\n"):
+        return "the file is empty (it must hold the password)"
+    return None
+
+
+def _group_or_world_mode(path: str) -> int | None:
+    """The file's mode when group or others may access it, else None."""
+    try:
+        mode = stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        return None
+    return mode if mode & 0o077 else None
+
+
+def _no_key_password() -> bytes:
+    # Without a callback OpenSSL would prompt on the terminal for an encrypted key's password,
+    # hanging a daemon; an empty one makes it fail at once instead.
+    return b""
+
+
+def _tls_material_errors(name: str, readable: Mapping[str, str]) -> list[str]:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    errors = []
+    ca = readable.get("tls_ca_file")
+    if ca is not None:
+        try:
+            context.load_verify_locations(cafile=ca)
+        except (ssl.SSLError, ValueError) as error:
+            errors.append(
+                f"{name}.tls_ca_file: {ca}: no PEM CA certificate could be loaded ({error})"
+            )
+    cert, key = readable.get("tls_cert_file"), readable.get("tls_key_file")
+    if cert is not None and key is not None:
+        try:
+            context.load_cert_chain(cert, key, password=_no_key_password)
+        except (ssl.SSLError, ValueError) as error:
+            errors.append(
+                f"{name}.tls_key_file: {key} and {name}.tls_cert_file {cert} do not load as a "
+                f"PEM certificate and its unencrypted private key ({error})"
+            )
+    return errors
+
+
 # --- environment overrides ------------------------------------------------------------------
 
 
@@ -883,7 +1129,12 @@ _TYPE_NAMES = {
     "model_attributes_type": "a table",
 }
 # Keys whose values must never appear in a message.
-_SECRET_KEYS = {("source", "password_env"), ("upstream", "password_env")}
+_SECRET_KEYS = {
+    ("source", "password_env"),
+    ("upstream", "password_env"),
+    ("source", "password_file"),
+    ("upstream", "password_file"),
+}
 
 
 def _describe(

@@ -8,13 +8,22 @@ are paced 1 s -> 120 s with jitter (DESIGN §5) and tests can drive the schedule
 Sessions are persistent: clean_start is sent as False explicitly (paho's default is "first connect
 only"), with a session expiry interval, so the broker keeps our queue and in-flight QoS 2 state
 while we are away.
+
+TLS (`tls = true`) verifies the broker's certificate against `tls_ca_file` (or the system's CAs)
+and its host name, unless `tls_insecure`; a client certificate and key make it mutual TLS. A
+handshake that fails is an ERROR naming the broker and the cause, a `ClientError` life-cycle event
+(only a configuration change can fix it) and the next attempt on the backoff schedule, never a
+crash. A password may come from a file, read at every connect so that a rotated one is used.
 """
 
 from __future__ import annotations
 
 import logging
+import re
+import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pykka
 from paho.mqtt.enums import MQTTErrorCode
@@ -55,6 +64,13 @@ class ConnectionSettings:
     reconnect_min_delay: float = 1.0
     reconnect_max_delay: float = 120.0
     reconnect_jitter: float = 0.25
+    # Read at each connect; the file holds the password only (a trailing newline is dropped).
+    password_file: str | None = None
+    tls: bool = False
+    tls_ca_file: str | None = None  # None: the system's trusted CAs
+    tls_cert_file: str | None = None  # with tls_key_file: mutual TLS
+    tls_key_file: str | None = None
+    tls_insecure: bool = False  # no host name check: anyone on the path can pose as the broker
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,6 +158,62 @@ class _Reconnect:
     pass
 
 
+@dataclass(frozen=True, slots=True)
+class _TlsError:
+    """paho's network thread met a TLS error on the socket of `epoch` (paho reports only a
+    lost connection; this keeps the cause)."""
+
+    epoch: int
+    cause: str
+
+
+_SSL_SOURCE_SUFFIX = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+
+
+def describe_tls_error(error: ssl.SSLError) -> str:
+    """What went wrong in a TLS handshake, in words an operator can act on."""
+    if isinstance(error, ssl.SSLCertVerificationError):
+        # e.g. "Hostname mismatch, certificate is not valid for 'localhost'."
+        return f"certificate verify failed: {error.verify_message}"
+    text = error.args[1] if len(error.args) > 1 and isinstance(error.args[1], str) else str(error)
+    text = _SSL_SOURCE_SUFFIX.sub("", text)
+    if error.reason == "WRONG_VERSION_NUMBER":
+        text += " (is this port a TLS listener?)"
+    elif isinstance(error, ssl.SSLEOFError) or "CERTIFICATE_REQUIRED" in (error.reason or ""):
+        # TLS 1.3: the broker judges our certificate after our side of the handshake is done.
+        text += " (the broker closed the TLS session: does it require a client certificate?)"
+    return text
+
+
+class _TlsErrorHandler(logging.Handler):
+    """Receives paho's ERROR log records of one client and tells the actor about TLS errors.
+    Runs on paho's network thread: translates only."""
+
+    def __init__(self, client: EpochClient, tell: Callable[[object], None]) -> None:
+        super().__init__(logging.ERROR)
+        self._client = client
+        self._tell = tell
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        error = next((a for a in args if isinstance(a, ssl.SSLError)), None)
+        if error is not None:
+            self._tell(_TlsError(self._client.epoch, describe_tls_error(error)))
+
+
+def read_password_file(path: str) -> str:
+    """The password in `path`, without its trailing newline. Raises OSError or ValueError with
+    the file named (never the content)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"password file {path} is not UTF-8 text") from None
+    password = text.rstrip("\r\n")
+    if not password:
+        raise ValueError(f"password file {path} is empty")
+    return password
+
+
 @dataclass(frozen=True)
 class ConnectionState:
     name: str
@@ -184,6 +256,8 @@ class ConnectionActor(pykka.ThreadingActor):
         self._stopping = False
         # The epoch whose CONNECT the broker refused: its disconnect keeps the refusal as reason.
         self._refused_epoch: int | None = None
+        # A TLS error paho met on the socket of an epoch, until that epoch's disconnect.
+        self._tls_errors: dict[int, str] = {}
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -195,6 +269,8 @@ class ConnectionActor(pykka.ThreadingActor):
         client.on_connect = self._on_connect
         client.on_disconnect = self._on_disconnect
         client.on_subscribe = self._on_subscribe
+        if s.tls:
+            self._configure_tls(client)
         self._client = client
         log.info(
             "%s: client id %s, broker %s:%d, clean_start=%s, session expiry %d s, "
@@ -210,6 +286,51 @@ class ConnectionActor(pykka.ThreadingActor):
             s.qos,
         )
         self._attempt()
+
+    def _configure_tls(self, client: EpochClient) -> None:
+        s = self._s
+        try:
+            # CERT_REQUIRED also turns on the host name check of the SSL context.
+            client.tls_set(
+                ca_certs=s.tls_ca_file,
+                certfile=s.tls_cert_file,
+                keyfile=s.tls_key_file,
+                cert_reqs=ssl.CERT_REQUIRED,
+            )
+        except (OSError, ValueError) as error:
+            # The config check loads the same files, so this is a file changed since then.
+            log.error("%s: TLS settings for %s:%d unusable: %s", s.name, s.host, s.port, error)
+            raise
+        if s.tls_insecure:
+            client.tls_insecure_set(True)
+            log.warning(
+                "%s: TLS WITHOUT HOST NAME VERIFICATION (tls_insecure = true): anyone on the "
+                "network path to %s:%d can pose as the broker; never use this in production",
+                s.name,
+                s.host,
+                s.port,
+            )
+        # paho reports a TLS error after the handshake (TLS 1.3: a broker that wants a client
+        # certificate refuses it only then) as a plain lost connection; its log keeps the cause.
+        # A logger of our own, outside the logging tree, so nothing else sees paho's records.
+        paho_log = logging.Logger(f"{__name__}.paho.{s.name}", logging.ERROR)
+        paho_log.addHandler(_TlsErrorHandler(client, self._tell))
+        client.enable_logger(paho_log)
+
+    def _tls_failed(self, epoch: int, cause: str) -> None:
+        s = self._s
+        self._last_reason = f"TLS failed: {cause}"
+        log.error("%s: TLS handshake with %s:%d failed: %s", s.name, s.host, s.port, cause)
+        # A certificate problem only a configuration change can fix: ClientError (see
+        # actors.lifecycle_reasons), reported like a refused CONNECT.
+        self._lifecycle_tell(
+            SessionDisconnected(
+                s.client_id,
+                s.client_id,
+                epoch,
+                disconnection_reason(None, local=LocalCause.TLS_FAILED),
+            )
+        )
 
     def on_stop(self) -> None:
         self._stopping = True
@@ -293,6 +414,8 @@ class ConnectionActor(pykka.ThreadingActor):
                     log.info("%s: subscribed to %s (%s)", self._s.name, topic, reason)
         elif isinstance(message, Publish):
             self._publish(message)
+        elif isinstance(message, _TlsError):
+            self._tls_errors[message.epoch] = message.cause
         elif isinstance(message, _Reconnect):
             self._timer = None
             self._next_attempt_at = None
@@ -359,9 +482,19 @@ class ConnectionActor(pykka.ThreadingActor):
                     self._s.client_id, self._s.client_id, message.epoch, message.event_reason
                 )
             )
-        if self._refused_epoch != message.epoch:
-            self._last_reason = message.reason
-        log.warning("%s: disconnected: %s", self._s.name, message.reason)
+        tls_cause = self._tls_errors.pop(message.epoch, None)
+        self._tls_errors.clear()  # older epochs will not report again
+        if tls_cause is not None and self._state != "connected":
+            self._tls_failed(message.epoch, tls_cause)  # refused before any CONNACK
+        else:
+            if self._refused_epoch != message.epoch:
+                self._last_reason = message.reason
+            if tls_cause is not None:
+                log.warning(
+                    "%s: disconnected: %s (TLS: %s)", self._s.name, message.reason, tls_cause
+                )
+            else:
+                log.warning("%s: disconnected: %s", self._s.name, message.reason)
         self._listener.tell(SessionEnded(message.epoch, message.reason))
         self._schedule_reconnect()
 
@@ -373,6 +506,14 @@ class ConnectionActor(pykka.ThreadingActor):
         s = self._s
         self._state = "connecting"
         client.loop_stop()  # the previous network thread, if any, has ended or ends now
+        if s.password_file is not None:
+            try:
+                client.username_pw_set(s.username, read_password_file(s.password_file))
+            except (OSError, ValueError) as error:
+                self._last_reason = f"password file unreadable: {error}"
+                log.error("%s: cannot read the password file: %s", s.name, error)
+                self._schedule_reconnect()
+                return
         try:
             if not self._ever_attempted(client):
                 properties = Properties(PacketTypes.CONNECT)
@@ -387,9 +528,20 @@ class ConnectionActor(pykka.ThreadingActor):
                 )
             else:
                 client.reconnect()
+        except ssl.SSLError as error:  # before OSError, which it is too
+            self._tls_failed(client.epoch, describe_tls_error(error))
+            self._schedule_reconnect()
+            return
         except (OSError, ValueError) as error:
             self._last_reason = f"connect failed: {error}"
-            log.warning("%s: cannot connect to %s:%d: %s", s.name, s.host, s.port, error)
+            # A reset can only come after the TCP connect, so in the handshake: mosquitto
+            # resets a TLS ClientHello on a plain listener.
+            hint = (
+                " (during the TLS handshake: is this port a TLS listener?)"
+                if s.tls and isinstance(error, ConnectionResetError)
+                else ""
+            )
+            log.warning("%s: cannot connect to %s:%d: %s%s", s.name, s.host, s.port, error, hint)
             self._schedule_reconnect()
             return
         if client.loop_start() != MQTTErrorCode.MQTT_ERR_SUCCESS:

@@ -166,6 +166,7 @@ class Gateway:
         self.board = StatusBoard(clock, HealthThresholds.from_config(cfg))
         self.stop_deadline = StopDeadline(clock, cfg.stop_timeout_seconds)
         self.metrics: MetricsServer | None = None
+        self._status_write_failed = False
         if cfg.metrics_port:
             self.metrics = MetricsServer(cfg.metrics_host, cfg.metrics_port, self.board)
 
@@ -195,7 +196,16 @@ class Gateway:
         snapshot.setdefault("dead_letters_written", supervisor.dead_letters_written)
         snapshot.setdefault("restarts", self.restarts)
         self.board.publish(snapshot)
-        write_status_file(status_path(self.config), snapshot)
+        try:
+            write_status_file(status_path(self.config), snapshot)
+        except OSError as error:
+            # A full or read-only data dir must not end the daemon: the ledger waits it out,
+            # and /healthz (already published above) says why. One line per episode.
+            if not self._status_write_failed:
+                log.error("status file not written (%s); /healthz still answers", error)
+            self._status_write_failed = True
+        else:
+            self._status_write_failed = False
 
     def _start_metrics(self) -> None:
         try:

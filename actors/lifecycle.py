@@ -44,6 +44,7 @@ from actors.clock import Clock
 from actors.crashpoints import crash_point
 from actors.lifecycle_reasons import LocalCause, disconnection_reason
 from persistence.database import SYNCHRONOUS, connect_sqlite
+from persistence.storage_faults import StorageUnavailable, describe, is_storage_fault
 
 if TYPE_CHECKING:  # actors.connection tells this module's messages: no import cycle at run time
     from actors.connection import ConnectionSettings
@@ -418,12 +419,27 @@ class LifecycleActor(pykka.ThreadingActor):
         position = self._next_position
         self._next_position += 1
         text = json.dumps(event)
-        with self._db:  # the client's new state and its event: one transaction
-            self._db.execute(*change)
-            self._db.executemany(
-                "INSERT INTO outbox (position, sink, event) VALUES (?, ?, ?)",
-                [(position, name, text) for name in self._sinks],
+        try:
+            with self._db:  # the client's new state and its event: one transaction
+                self._db.execute(*change)
+                self._db.executemany(
+                    "INSERT INTO outbox (position, sink, event) VALUES (?, ?, ?)",
+                    [(position, name, text) for name in self._sinks],
+                )
+        except sqlite3.Error as error:
+            if not is_storage_fault(error):
+                raise
+            # Dying here would restart every actor into the same full disk. The event is lost
+            # (no sink saw it); the number stays raised in memory, so the next stored event
+            # still orders after it and no consumer ever sees a number twice.
+            log.error(
+                "lifecycle event %s of %s not recorded, so not sent: %s cannot write (%s)",
+                event_type.removeprefix(TYPE_PREFIX),
+                info.client_id,
+                self._path,
+                describe(error),
             )
+            return
         self._recent.append(event)
         log.info(
             "lifecycle %s: %s (%s) seq=%s reason=%s",
@@ -441,9 +457,10 @@ class LifecycleActor(pykka.ThreadingActor):
         for name in self._sinks if names is None else names:
             try:
                 self._sinks[name].tell(event)
-            except (pykka.ActorDeadError, pykka.Timeout) as error:
-                # One stopped sink (say, the publisher during shutdown) must not silence the
-                # others or kill this actor; the outbox keeps the event for the next start.
+            except (pykka.ActorDeadError, pykka.Timeout, StorageUnavailable) as error:
+                # One stopped sink (say, the publisher during shutdown, or the ledger on a full
+                # disk) must not silence the others or kill this actor; the outbox keeps the
+                # event for the next start.
                 log.warning(
                     "lifecycle sink %s did not take event %s (%s); kept for the next start",
                     name,
@@ -452,9 +469,17 @@ class LifecycleActor(pykka.ThreadingActor):
                 )
                 continue
             assert self._db is not None
-            with self._db:
-                self._db.execute(
-                    "DELETE FROM outbox WHERE position = ? AND sink = ?", (position, name)
+            try:
+                with self._db:
+                    self._db.execute(
+                        "DELETE FROM outbox WHERE position = ? AND sink = ?", (position, name)
+                    )
+            except sqlite3.Error as error:
+                if not is_storage_fault(error):
+                    raise
+                # The sink has it; the next start hands it again and the ledger's key drops it.
+                log.warning(
+                    "lifecycle event %s stays in the outbox (%s)", event["id"], describe(error)
                 )
 
     def _hand_on_outbox(self) -> None:

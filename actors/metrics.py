@@ -36,6 +36,9 @@ class HealthThresholds:
     connection_down_seconds: float = 120.0
     status_stale_seconds: float = 30.0
     writer_stalled_seconds: float = 300.0
+    # Failed Spark attempts in a row before /healthz says so: one failure is retried within a
+    # second and is no news; three (about 1 + 2 + 4 s of backoff) are.
+    spark_failures: int = 3
 
     @classmethod
     def from_config(cls, gateway) -> HealthThresholds:
@@ -134,6 +137,7 @@ class StatusBoard:
         for name, alive in sorted(((snapshot or {}).get("actors") or {}).items()):
             if not alive:
                 reasons.append(f"actor {name} is not alive")
+        reasons.extend(_storage_reasons(snapshot or {}, limits))
         # While a connection is down, rows waiting for it is expected, and that rule says so.
         if not down and stalled > limits.writer_stalled_seconds:
             pending = ((snapshot or {}).get("ledger") or {}).get("pending", 0)
@@ -147,6 +151,36 @@ class StatusBoard:
             status_age_seconds=None if snapshot is None else round(age, 3),
             connections_down_seconds={name: round(s, 3) for name, s in down.items()},
         )
+
+
+def _storage_reasons(snapshot: dict, limits: HealthThresholds) -> list[str]:
+    """A ledger that cannot write is unhealthy at once (it acknowledges nothing meanwhile);
+    Spark after `spark_failures` failed attempts in a row."""
+    reasons = []
+    ledger = snapshot.get("ledger") or {}
+    if ledger.get("storage_error"):
+        reasons.append(
+            f"inbound ledger cannot write for {ledger.get('storage_failing_seconds') or 0:.0f} s "
+            f"({ledger['storage_error']}): acknowledgements held, "
+            f"{ledger.get('storage_backlog', 0)} message(s) wait in memory"
+        )
+    outbound = snapshot.get("outbound") or {}
+    if outbound.get("storage_error"):
+        reasons.append(
+            f"outbound ledger cannot write ({outbound['storage_error']}): forwarding stopped"
+        )
+    spark = snapshot.get("spark") or {}
+    if spark.get("failures", 0) >= limits.spark_failures:
+        retry = spark.get("next_retry_time")
+        wall = snapshot.get("wall_time")
+        due = (
+            "" if retry is None or wall is None else f", next retry in {max(retry - wall, 0):.0f} s"
+        )
+        reasons.append(
+            f"Spark writes failing: {spark['failures']} attempt(s) in a row "
+            f"(limit {limits.spark_failures}), last error: {spark.get('last_error') or '-'}{due}"
+        )
+    return reasons
 
 
 def _alive_actors(snapshot: dict) -> set[str]:
@@ -262,7 +296,7 @@ def _ledger(snapshot: dict) -> Iterator[Metric]:
         yield _gauge(
             "fxgate_ledger_pending_messages",
             "Messages in the inbound ledger not yet landed in the table.",
-            ledger.get("pending", 0),
+            ledger.get("pending") or 0,  # None while the ledger cannot be read
         )
         yield _gauge(
             "fxgate_ledger_held_acks",
@@ -273,6 +307,21 @@ def _ledger(snapshot: dict) -> Iterator[Metric]:
             "fxgate_ledger_awaiting_pubrel",
             "Inbound QoS 2 messages stored and waiting for PUBREL.",
             ledger.get("awaiting_pubrel", 0),
+        )
+        yield _gauge(
+            "fxgate_ledger_storage_failing",
+            "1 while the inbound ledger cannot write (disk full, read-only, I/O error).",
+            bool(ledger.get("storage_error")),
+        )
+        yield _gauge(
+            "fxgate_ledger_storage_backlog",
+            "Messages neither stored nor acknowledged, waiting in memory for the ledger's disk.",
+            ledger.get("storage_backlog", 0),
+        )
+        yield _counter(
+            "fxgate_ledger_storage_failures",
+            "Ledger writes that failed for a storage fault (each retry counts).",
+            ledger.get("storage_failures", 0),
         )
     intake = snapshot.get("intake")
     if intake is not None:
@@ -347,6 +396,18 @@ def _landing(snapshot: dict) -> Iterator[Metric]:
             "fxgate_landed_dead_letters",
             "Rows written to the dead_letters table.",
             snapshot["dead_letters_written"],
+        )
+    spark = snapshot.get("spark")
+    if spark is not None:
+        yield _gauge(
+            "fxgate_spark_consecutive_failures",
+            "Failed Spark batch attempts in a row (0 while batches land).",
+            spark.get("failures", 0),
+        )
+        yield _counter(
+            "fxgate_spark_failed_attempts",
+            "Failed Spark batch attempts (each is retried).",
+            spark.get("total_failures", 0),
         )
     last = snapshot.get("last_batch")
     if last is not None:

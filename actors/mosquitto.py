@@ -16,6 +16,7 @@ import socket
 import subprocess
 import threading
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -29,6 +30,26 @@ def free_port(host: str = "127.0.0.1") -> int:
         return sock.getsockname()[1]
 
 
+@dataclass(frozen=True)
+class ListenerTls:
+    """TLS on the broker's listener: its certificate and key, and the CA its clients'
+    certificates must chain to. `require_certificate` makes it mutual TLS: a client without a
+    certificate signed by `cafile` is refused during the handshake."""
+
+    cafile: Path
+    certfile: Path
+    keyfile: Path
+    require_certificate: bool = False
+
+    def lines(self) -> list[str]:
+        return [
+            f"cafile {self.cafile}",
+            f"certfile {self.certfile}",
+            f"keyfile {self.keyfile}",
+            f"require_certificate {'true' if self.require_certificate else 'false'}",
+        ]
+
+
 def broker_config(
     port: int,
     data_dir: Path,
@@ -39,6 +60,7 @@ def broker_config(
     autosave_interval: int = 1,
     debug_log: bool = False,
     password_file: Path | None = None,
+    tls: ListenerTls | None = None,
     extra: Iterable[str] = (),
 ) -> str:
     log_types = (
@@ -48,6 +70,8 @@ def broker_config(
     )
     lines = [
         f"listener {port} {host}",
+        # Listener options belong right after their `listener` line.
+        *(tls.lines() if tls is not None else []),
         *(
             ["allow_anonymous true"]
             if password_file is None

@@ -74,10 +74,14 @@ def _ledger(path: Path) -> dict:
         engine.dispose()
 
 
-def _tables(tables_dir: Path) -> dict:
-    from spark.tables import DEAD_LETTERS, READS, read_table_arrow
+def _tables(tables_dir: Path | str) -> dict:
+    from spark.tables import DEAD_LETTERS, READS, TablesNotReadable, read_table_arrow
 
-    return {name: read_table_arrow(tables_dir, name).num_rows for name in (READS, DEAD_LETTERS)}
+    try:
+        return {name: read_table_arrow(tables_dir, name).num_rows for name in (READS, DEAD_LETTERS)}
+    except TablesNotReadable as error:
+        # Tables on a cluster file system pyarrow cannot open: status starts no JVM to count them.
+        return {READS: None, DEAD_LETTERS: None, "unreadable": str(error)}
 
 
 def collect_status(config: Config, now: float | None = None) -> dict:
@@ -88,6 +92,14 @@ def collect_status(config: Config, now: float | None = None) -> dict:
         snapshot = json.loads(path.read_text())
         daemon = {**snapshot, "running": _pid_alive(snapshot.get("pid"))}
     ledger = _ledger(config.gateway.ledger_path)
+    from persistence.storage_faults import corrupt_leftovers
+
+    data = config.gateway.data_path
+    corrupt = [
+        str(p)
+        for name in ("ledger.sqlite", "outbound.sqlite", "lifecycle.sqlite")
+        for p in corrupt_leftovers(data / name)
+    ]
     oldest = ledger.get("oldest_pending_received_time")
     return {
         "now": now,
@@ -96,6 +108,7 @@ def collect_status(config: Config, now: float | None = None) -> dict:
         "ledger": ledger,
         "tables": _tables(config.spark.tables_path(config.gateway.data_path)),
         "data_dir": str(config.gateway.data_path),
+        "corrupt_files": corrupt,
     }
 
 
@@ -150,6 +163,33 @@ def format_status(report: dict) -> str:
             f"and not yet stored, {live.get('held_acks', 0)} ack(s) and "
             f"{live.get('held_rows', 0)} row(s) held; source paused: {paused}"
         )
+        if live.get("storage_error"):
+            lines.append(
+                f"STORAGE:    the ledger cannot write for "
+                f"{live.get('storage_failing_seconds') or 0:.0f} s ({live['storage_error']}): "
+                f"nothing is acknowledged, {live.get('storage_backlog', 0)} message(s) wait in "
+                f"memory, retrying"
+            )
+    outbound_live = daemon.get("outbound") if daemon.get("running") else None
+    if outbound_live and outbound_live.get("storage_error"):
+        lines.append(
+            f"STORAGE:    the outbound ledger cannot write ({outbound_live['storage_error']}): "
+            "forwarding waits, retrying"
+        )
+    spark = daemon.get("spark") if daemon.get("running") else None
+    if spark and spark.get("failures"):
+        retry = spark.get("next_retry_time")
+        due = "" if retry is None else f", next retry in {max(retry - report['now'], 0):.0f} s"
+        lines.append(
+            f"SPARK:      {spark['failures']} failed attempt(s) in a row "
+            f"({spark.get('total_failures', 0)} in all), last error: "
+            f"{spark.get('last_error') or '-'}{due}; the rows wait in the ledger"
+        )
+    for moved in report.get("corrupt_files") or []:
+        lines.append(
+            f"CORRUPT:    {moved} was moved aside at start; fxgate refuses to start until it "
+            "is salvaged or removed (README, Storage faults)"
+        )
     ledger = report["ledger"]
     if ledger.get("exists"):
         lines.append(
@@ -174,6 +214,8 @@ def format_status(report: dict) -> str:
         lines.append("ledger:     none yet")
     tables = report["tables"]
     lines.append(
-        f"tables:     reads {tables['reads']} rows, dead_letters {tables['dead_letters']} rows"
+        f"tables:     not counted: {tables['unreadable']}"
+        if tables.get("unreadable")
+        else f"tables:     reads {tables['reads']} rows, dead_letters {tables['dead_letters']} rows"
     )
     return "\n".join(lines)

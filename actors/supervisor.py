@@ -12,6 +12,7 @@ import logging
 import os
 import threading
 from dataclasses import asdict
+from pathlib import Path
 
 import pykka
 
@@ -27,8 +28,9 @@ from actors.routes import lifecycle_filter, lifecycle_route
 from actors.upstream_client import UpstreamClient
 from persistence.inbound_ledger import InboundLedger, TakeReplays
 from persistence.outbound_ledger import OutboundLedger
+from persistence.permissions import private_directory
 from persistence.replay import pending_requests
-from spark.writer import BatchWritten, ReplayBatch, SparkWriterActor
+from spark.writer import BatchWritten, ReplayBatch, SparkWriterActor, WriterHealth
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,12 @@ def _connection_settings(
         reconnect_min_delay=broker.reconnect_min_delay_seconds,
         reconnect_max_delay=broker.reconnect_max_delay_seconds,
         reconnect_jitter=broker.reconnect_jitter,
+        password_file=broker.file_path("password_file"),
+        tls=broker.tls,
+        tls_ca_file=broker.file_path("tls_ca_file"),
+        tls_cert_file=broker.file_path("tls_cert_file"),
+        tls_key_file=broker.file_path("tls_key_file"),
+        tls_insecure=broker.tls_insecure,
         **extra,
     )
 
@@ -106,7 +114,9 @@ def spark_session_factory(config: Config):
             config.spark.master,
             config.gateway.data_path / "spark",
             driver_memory=config.spark.driver_memory,
-            conf=dict(config.spark.conf),
+            # Hadoop's umask: the table files it writes on a local file system are 0600 and
+            # their directories 0700, like the ledger (a setting of the file's wins).
+            conf={"spark.hadoop.fs.permissions.umask-mode": "077", **config.spark.conf},
         )
 
     return make
@@ -131,6 +141,7 @@ class Supervisor:
         self.dead_letters_written = 0
         self.events_written = 0
         self.batch_written = threading.Condition(self._batch_lock)
+        self.writer_health: WriterHealth | None = None  # latest, from the writer's thread
 
     # -- start / stop -----------------------------------------------------------------------
 
@@ -183,6 +194,9 @@ class Supervisor:
                 clients.append(upstream_settings(cfg))
             lifecycle.tell(ClientsConfigured(tuple(client_info(s) for s in clients)))
             recovery = ledger.proxy().recovery().get(timeout=ASK_TIMEOUT)
+            tables = cfg.spark.tables_path(cfg.gateway.data_path)
+            if isinstance(tables, Path):  # a local directory; a URI's storage is the cluster's
+                private_directory(tables)
             writer = self._start(
                 "spark-writer",
                 SparkWriterActor,
@@ -200,6 +214,9 @@ class Supervisor:
                 backlog_high=cfg.spark.backlog_high_messages,
                 backlog_low=cfg.spark.backlog_low_messages,
                 events_filter=lifecycle_filter(cfg.lifecycle.topic, cfg.identity.environment_id),
+                on_health=self._on_writer_health,
+                max_payload_bytes=cfg.spark.max_payload_bytes,
+                max_reads_per_message=cfg.spark.max_reads_per_message,
             )
             # With forwarding, packs go upstream first; acknowledged packs go on to the writer.
             pack_target = writer
@@ -335,6 +352,11 @@ class Supervisor:
             if not ref.is_alive():
                 raise ActorCrashed(f"actor {name} died; see the traceback above")
 
+    def _on_writer_health(self, health: WriterHealth) -> None:
+        # Pushed by the writer rather than asked: a Spark job can hold its thread for seconds.
+        with self._batch_lock:
+            self.writer_health = health
+
     def _on_batch(self, batch: BatchWritten) -> None:
         with self.batch_written:
             self.last_batch = batch
@@ -381,6 +403,8 @@ class Supervisor:
         with self._batch_lock:
             out["batches_written"] = self.batches_written
             out["last_batch"] = asdict(self.last_batch) if self.last_batch else None
+            if self.writer_health is not None:
+                out["spark"] = asdict(self.writer_health)
         out["wall_time"] = self.clock.wall()
         out["pid"] = os.getpid()
         return out

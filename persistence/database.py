@@ -26,6 +26,9 @@ from sqlalchemy import (
     text,
 )
 
+from persistence.permissions import private_directory, private_file
+from persistence.storage_faults import check_database
+
 log = logging.getLogger(__name__)
 
 metadata = MetaData()
@@ -101,7 +104,9 @@ def connect_sqlite(path: Path, durability: str, schema: str) -> sqlite3.Connecti
     ledger, the life-cycle actor): WAL, the durability's synchronous level, the schema created.
     Call it in the owning actor's thread (on_start)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private_directory(path.parent)  # owner-only: the data dir holds every read's payload
+    check_database(path)  # a corrupt file is moved aside and refused, never recreated empty
+    private_file(path)  # 0600 before SQLite opens it: its -wal and -shm inherit the mode
     db = sqlite3.connect(path)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
@@ -121,7 +126,9 @@ def open_engine(path: Path, durability: str = "process", readonly: bool = False)
     if readonly:
         url = f"sqlite:///file:{path}?mode=ro&uri=true"
     else:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        private_directory(path.parent)  # owner-only: the data dir holds every read's payload
+        check_database(path)  # a corrupt file is moved aside and refused, never recreated empty
+        private_file(path)  # 0600 before SQLite opens it: its -wal and -shm inherit the mode
         url = f"sqlite:///{path}"
     engine = create_engine(url)
 

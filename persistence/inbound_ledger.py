@@ -8,19 +8,36 @@ that arrived meanwhile, so durability costs one fsync per group, not per message
 Duplicates are recognised by the message's idempotency key, which stays in the ledger for
 `retention_seconds` after the row has landed: a QoS 1 redelivery (DUP=1) or a QoS 2 re-sent PUBLISH
 of a stored message is acknowledged again without a second row.
+
+Storage faults (disk full, read-only, I/O errors: persistence.storage_faults) never kill the
+actor: a restart would meet the same full disk, and the restart budget would end the daemon. The
+failed group is rolled back, its acks are never sent, and its packets go back, in order, to the
+front of an in-memory backlog; what arrives meanwhile joins the backlog without being stored or
+acknowledged. The backlog is bounded without a limit of its own: with no acks the broker stops at
+our Receive Maximum (tests/actors/test_mosquitto_facts.py), and packets waiting in the
+backlog count against the intake gate (actors.intake), so past its limits paho's network thread
+waits. QoS 0 arriving while storage fails is dropped and counted (DESIGN §3.4: only QoS 0 may be
+dropped). The connection is kept: a reconnect would only make the broker resend what we hold.
+The backlog is retried on a backoff on the injected clock; when a group commits again its acks
+go out and the rest follows, oldest first. Asks that write (a Spark batch's begin and commit, a
+life-cycle event) meanwhile raise StorageUnavailable; their callers retry. A stop while storage
+fails leaves the backlog unacknowledged: the broker redelivers it after the next start.
 """
 
 from __future__ import annotations
 
 import logging
 import sqlite3
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pykka
 from sqlalchemy import Connection, func, select
 
+from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.connection import Inbound, SessionEnded, SessionStarted
 from actors.crashpoints import crash_point
@@ -29,6 +46,7 @@ from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
 from persistence import database as db
 from persistence.keys import message_key as default_message_key
 from persistence.replay import pending_requests, read_request, replay_key
+from persistence.storage_faults import StorageUnavailable, describe, is_storage_fault
 
 log = logging.getLogger(__name__)
 
@@ -93,6 +111,24 @@ class _ReleaseHeld:
 
 
 @dataclass(frozen=True, slots=True)
+class _RetryStorage:
+    """The backoff after a storage fault is over: try the backlog again."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Drain:
+    """Go on storing the backlog (a chunk per message, so asks and stats get their turn)."""
+
+
+class _StorageFailed(Exception):
+    """Unwinds one message's handling after `_fail` dealt with a storage fault."""
+
+
+# Backlogged packets stored per turn while draining after a storage fault.
+DRAIN_CHUNK = 2000
+
+
+@dataclass(frozen=True, slots=True)
 class TakeReplays:
     """Replay requests wait in this data directory (persistence.replay)."""
 
@@ -132,6 +168,13 @@ class _Group:
 
     acks: list[tuple[AckSender, int, AckKind, int]] = field(default_factory=list)
     records: list[LedgerRecord] = field(default_factory=list)
+    # The packets (and session starts) applied in it, and the in-memory state from before the
+    # first of them: a storage fault rolls the transaction back, restores this state and puts
+    # the inputs back in the backlog, so a retry applies them again from scratch.
+    inputs: list[object] = field(default_factory=list)
+    pubrel_before: dict[int, tuple[int, str]] | None = None
+    counts_before: dict[str, int] | None = None
+    last_seq_before: int = 0
 
     def __len__(self) -> int:
         return len(self.acks)
@@ -170,6 +213,7 @@ class InboundLedger(pykka.ThreadingActor):
         retention_seconds: float = 3600.0 + 600.0,
         key: Callable[[str, bytes], str] = default_message_key,
         intake: IntakeGate | None = None,
+        storage_backoff: Backoff | None = None,
     ) -> None:
         super().__init__()
         self._path = Path(path)
@@ -195,12 +239,33 @@ class InboundLedger(pykka.ThreadingActor):
         # the pause, and however many messages the broker sends past our Receive Maximum.
         self._held_from: int | None = None
         self._last_seq = 0
+        # Storage faults (module docstring): what failed, since when, and what waits meanwhile
+        # as (message, already counted as taken by the intake gate).
+        self._failing: str | None = None
+        self._failing_since: float | None = None
+        self._backlog: deque[tuple[object, bool]] = deque()
+        self._storage_backoff = storage_backoff or Backoff(0.5, 30.0, 0.25)
+        self._storage_timer: TimerHandle | None = None
+        self._storage_counts = {"storage_failures": 0, "storage_recoveries": 0, "dropped_qos0": 0}
 
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
-        self._engine = db.open_engine(self._path, self._durability)
-        self._conn = self._engine.connect()
+        try:
+            self._engine = db.open_engine(self._path, self._durability)
+            self._conn = self._engine.connect()
+        except StorageUnavailable as error:
+            log.error("inbound ledger: %s", error)
+            raise
+        except Exception as error:
+            if not is_storage_fault(error):
+                raise
+            message = (
+                f"cannot open {self._path}: {describe(error)}; is {self._path.parent} mounted, "
+                "writable and not full?"
+            )
+            log.error("inbound ledger: %s", message)
+            raise StorageUnavailable(message) from error
         # Per-message statements go straight to sqlite3, inside the transaction SQLAlchemy
         # opened: SQLAlchemy's per-statement work cost more than the insert itself (py-spy, the
         # ingest benchmark).
@@ -222,7 +287,21 @@ class InboundLedger(pykka.ThreadingActor):
     def on_stop(self) -> None:
         if self._intake is not None:
             self._intake.close()
-        self._commit()
+        if self._storage_timer is not None:
+            self._storage_timer.cancel()
+        try:
+            if self._backlog:
+                self._drain(final=True)
+            self._commit()
+        except _StorageFailed:
+            pass
+        if self._backlog:
+            log.error(
+                "inbound ledger stopping while it cannot write (%s): %d message(s) neither "
+                "stored nor acknowledged; the broker redelivers them after the next start",
+                self._failing,
+                len(self._backlog),
+            )
         if self._conn is not None:
             self._conn.close()
             self._engine.dispose()
@@ -246,19 +325,35 @@ class InboundLedger(pykka.ThreadingActor):
 
     def on_receive(self, message: object) -> None:
         if isinstance(message, Inbound):
+            if self._failing is not None or self._backlog:
+                self._defer(message)
+                return
             try:
-                if isinstance(message.packet, InboundPublish):
-                    self._on_publish(message.packet, message.acks)
-                else:
-                    self._on_pubrel(message.packet, message.acks)
+                self._apply(message)
+            except _StorageFailed:
+                pass  # the packet is in the backlog now
             finally:
-                if self._intake is not None:
-                    self._intake.taken(packet_size(message.packet))
+                self._taken(message)
         elif isinstance(message, _Flush):
             self._flush_pending = False
-            self._commit()
+            try:
+                self._commit()
+            except _StorageFailed:
+                pass
         elif isinstance(message, SessionStarted):
-            self._on_session(message)
+            if self._failing is not None or self._backlog:
+                # After the packets before it: it may forget their QoS 2 packet ids.
+                self._backlog.append((message, True))
+                return
+            try:
+                self._apply(message)
+            except _StorageFailed:
+                pass
+        elif isinstance(message, _RetryStorage):
+            self._storage_timer = None
+            self._drain()
+        elif isinstance(message, _Drain):
+            self._drain()
         elif isinstance(message, SessionEnded):
             pass
         elif isinstance(message, Pause):
@@ -275,11 +370,193 @@ class InboundLedger(pykka.ThreadingActor):
         elif isinstance(message, _ReleaseHeld):
             self._release_held()
         elif isinstance(message, TakeReplays):
-            self._take_replays(message.data_dir)
+            # While storage fails the request files stay; the daemon hands them again each second.
+            if self._failing is None and not self._backlog:
+                try:
+                    self._take_replays(message.data_dir)
+                except _StorageFailed:
+                    pass
         elif isinstance(message, StoreLocal):
             self._store_local(message)
         else:
             log.warning("inbound ledger ignored %r", message)
+
+    def _taken(self, message: Inbound) -> None:
+        if self._intake is not None:
+            self._intake.taken(packet_size(message.packet))
+
+    def _apply(self, message: object) -> None:
+        """Apply one packet (or session start) in the open transaction; a storage fault on the
+        way raises _StorageFailed after `_fail` has put the group back in the backlog."""
+        group = self._group
+        if group.counts_before is None:
+            group.pubrel_before = dict(self._awaiting_pubrel)
+            group.counts_before = {
+                k: self.counts[k] for k in ("accepted", "duplicates", "unknown_pubrel")
+            }
+            group.last_seq_before = self._last_seq
+        group.inputs.append(message)
+        # Spelled out rather than `with self._storage()`: this runs once per message, and a
+        # try that raises nothing costs nothing, a context manager a generator each time.
+        try:
+            if isinstance(message, SessionStarted):
+                self._on_session(message)
+            elif isinstance(message.packet, InboundPublish):
+                self._on_publish(message.packet, message.acks)
+            else:
+                self._on_pubrel(message.packet, message.acks)
+        except _StorageFailed:
+            raise
+        except Exception as error:
+            if not is_storage_fault(error):
+                raise
+            self._fail(error)
+            raise _StorageFailed from error
+
+    # -- storage faults ---------------------------------------------------------------------
+
+    @contextmanager
+    def _storage(self) -> Iterator[None]:
+        """Turn a storage fault raised inside into `_fail` + _StorageFailed; others go up."""
+        try:
+            yield
+        except _StorageFailed:
+            raise
+        except Exception as error:
+            if not is_storage_fault(error):
+                raise
+            self._fail(error)
+            raise _StorageFailed from error
+
+    def _fail(self, error: BaseException) -> None:
+        """Roll back the open group, put its inputs back in front of the backlog, and retry
+        after the next backoff delay. Its acks were never sent: nothing unstored is acked."""
+        self._rollback()
+        group, self._group = self._group, _Group()
+        if group.counts_before is not None:
+            self._awaiting_pubrel = group.pubrel_before or {}
+            self.counts.update(group.counts_before)
+            self._last_seq = group.last_seq_before
+        self._backlog.extendleft((m, True) for m in reversed(group.inputs))
+        self._storage_counts["storage_failures"] += 1
+        what = describe(error)
+        if self._failing is None:
+            self._failing_since = self._clock.monotonic()
+            log.error(
+                "inbound ledger cannot write %s: %s; acknowledgements stop (the broker holds "
+                "the rest back at our Receive Maximum), the source connection stays, %d "
+                "message(s) wait in memory, retrying with backoff",
+                self._path,
+                what,
+                len(self._backlog),
+            )
+        self._failing = what
+        self._schedule_storage_retry()
+
+    def _rollback(self) -> None:
+        assert self._conn is not None
+        try:
+            self._conn.rollback()
+        except Exception as error:  # a connection in an unknown state: start a fresh one
+            log.warning("inbound ledger rollback failed (%s): reconnecting", describe(error))
+            try:
+                self._conn.invalidate()
+            except Exception:
+                pass
+            self._conn = self._engine.connect()
+            self._hot_cursor = self._conn.connection.driver_connection.cursor()
+
+    def _schedule_storage_retry(self) -> None:
+        if self._storage_timer is None:
+            delay = self._storage_backoff.next_delay()
+            self._storage_timer = self._clock.call_later(
+                delay, lambda: self._tell_self(_RetryStorage())
+            )
+
+    def _tell_self(self, message: object) -> None:
+        try:
+            self.actor_ref.tell(message)
+        except pykka.ActorDeadError:
+            pass
+
+    def _defer(self, message: Inbound) -> None:
+        packet = message.packet
+        if self._failing is not None and isinstance(packet, InboundPublish) and packet.qos == 0:
+            # No broker keeps a QoS 0 message for us and none limits their flow: holding them
+            # would be unbounded. DESIGN §3.4 lets QoS 0 go, counted.
+            self._storage_counts["dropped_qos0"] += 1
+            self._taken(message)
+            return
+        # Not yet "taken": the intake gate counts it as waiting, and so bounds the backlog.
+        self._backlog.append((message, False))
+
+    def _drain(self, final: bool = False) -> None:
+        """Store the backlog in order, a chunk per turn; on success, leave the failing state."""
+        if self._storage_timer is not None and not final:
+            return  # a fault is waiting out its backoff
+        try:
+            done = 0
+            while self._backlog and (final or done < DRAIN_CHUNK):
+                message, counted = self._backlog.popleft()
+                done += 1
+                try:
+                    self._apply(message)
+                finally:
+                    if not counted and isinstance(message, Inbound):
+                        self._taken(message)
+            self._commit()
+            if self._backlog:
+                self._tell_self(_Drain())
+                return
+            if self._failing is not None and not final:
+                self._probe()
+        except _StorageFailed:
+            return
+        if self._failing is not None and not final:
+            self._recovered()
+
+    def _probe(self) -> None:
+        """A tiny write that proves the storage takes writes again (the backlog may have held
+        nothing that writes: the fault can come from an ask)."""
+        with self._storage():
+            self._hot(
+                "INSERT INTO counters (name, value) VALUES ('storage_probe', ?) "
+                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+                (int(self._clock.wall()),),
+            )
+        self._commit()
+
+    def _recovered(self) -> None:
+        assert self._failing_since is not None
+        seconds = self._clock.monotonic() - self._failing_since
+        log.info(
+            "inbound ledger writes again after %.1f s (it failed with: %s); acknowledgements "
+            "resume, %d QoS 0 message(s) dropped so far",
+            seconds,
+            self._failing,
+            self._storage_counts["dropped_qos0"],
+        )
+        self._failing = None
+        self._failing_since = None
+        self._storage_counts["storage_recoveries"] += 1
+        self._storage_backoff.reset()
+        self._release_held()
+
+    def _refuse_while_failing(self) -> None:
+        if self._failing is not None:
+            raise StorageUnavailable(f"inbound ledger cannot write: {self._failing}")
+
+    @contextmanager
+    def _asked_write(self) -> Iterator[None]:
+        """For asks that write: a storage fault goes back to the asker as StorageUnavailable."""
+        self._refuse_while_failing()
+        try:
+            with self._storage():
+                yield
+        except _StorageFailed as failed:
+            raise StorageUnavailable(
+                f"inbound ledger cannot write: {self._failing}"
+            ) from failed.__cause__
 
     def _on_publish(self, publish: InboundPublish, acks: AckSender) -> None:
         key = self._key(publish.topic, publish.payload)
@@ -371,12 +648,13 @@ class InboundLedger(pykka.ThreadingActor):
                 path.replace(bad)
                 continue
             taken = 0
-            for m in messages:
-                publish = InboundPublish(
-                    0, 0, m.qos, False, False, m.topic, True, m.payload, None, 0.0
-                )
-                if self._insert(publish, replay_key(m.message_key, request)) is not None:
-                    taken += 1
+            with self._storage():
+                for m in messages:
+                    publish = InboundPublish(
+                        0, 0, m.qos, False, False, m.topic, True, m.payload, None, 0.0
+                    )
+                    if self._insert(publish, replay_key(m.message_key, request)) is not None:
+                        taken += 1
             self._commit()
             path.unlink()
             log.info(
@@ -392,9 +670,11 @@ class InboundLedger(pykka.ThreadingActor):
         publish = InboundPublish(
             0, 0, message.qos, False, False, message.topic, True, message.payload, None, 0.0
         )
-        if self._insert(publish, self._key(message.topic, message.payload)) is None:
-            self.counts["duplicates"] += 1
-        self._commit()
+        # Refused while storage fails: the LifecycleActor keeps the event in its outbox.
+        with self._asked_write():
+            if self._insert(publish, self._key(message.topic, message.payload)) is None:
+                self.counts["duplicates"] += 1
+            self._commit()
 
     def _seq_of(self, key: str) -> int:
         (seq,) = self._hot("SELECT seq FROM inbound WHERE message_key = ?", (key,)).fetchone()
@@ -427,9 +707,11 @@ class InboundLedger(pykka.ThreadingActor):
             pass
 
     def _commit(self) -> None:
-        """Commit the open transaction, then release what waited for it: acks, then records."""
+        """Commit the open transaction, then release what waited for it: acks, then records.
+        A storage fault raises _StorageFailed, the group back in the backlog (`_fail`)."""
         assert self._conn is not None
-        self._conn.commit()
+        with self._storage():
+            self._conn.commit()
         group, self._group = self._group, _Group()
         if not group.acks and not group.records:
             return
@@ -460,9 +742,14 @@ class InboundLedger(pykka.ThreadingActor):
         """Hand held rows on, oldest first, one chunk per message while nothing pauses us."""
         if self._held_from is None or self._pauses or self._listener is None:
             return
+        if self._failing is not None or self._backlog:
+            return  # `_recovered` comes back here
         # Rows of the open transaction are visible to this connection: commit them first, so
         # that a row is read back here or handed on by _commit, never both.
-        self._commit()
+        try:
+            self._commit()
+        except _StorageFailed:
+            return
         c = db.inbound.c
         records = self._records(
             (c.seq >= self._held_from) & c.batch_id.is_(None) & c.landed_time.is_(None),
@@ -546,6 +833,14 @@ class InboundLedger(pykka.ThreadingActor):
         """Record a batch and the packs (pack id, row seqs) it holds, before its Spark job, with
         the (seq, reason) of messages forwarding gave up on, so a replay rebuilds the same
         dead letters."""
+        with self._asked_write():
+            return self._begin_batch(packs, dead)
+
+    def _begin_batch(
+        self,
+        packs: Sequence[tuple[int, Sequence[int]]],
+        dead: Sequence[tuple[int, str]],
+    ) -> int:
         assert self._conn is not None
         seqs = sum(len(s) for _, s in packs)
         result = self._conn.execute(
@@ -580,6 +875,10 @@ class InboundLedger(pykka.ThreadingActor):
     def claim_reads(self, batch_id: int, read_ids: Sequence[str]) -> set[str]:
         """Claim read ids for a batch; returns those the batch owns (new, or claimed by an
         earlier attempt of the same batch). Used with payload-field keys only."""
+        with self._asked_write():
+            return self._claim_reads(batch_id, read_ids)
+
+    def _claim_reads(self, batch_id: int, read_ids: Sequence[str]) -> set[str]:
         assert self._conn is not None
         now = self._clock.wall()
         self._conn.exec_driver_sql(
@@ -598,6 +897,10 @@ class InboundLedger(pykka.ThreadingActor):
 
     def commit_batch(self, batch_id: int, rows: int, dead_letters: int) -> None:
         """The batch is in the tables: mark it, drop its payloads, prune old landed keys."""
+        with self._asked_write():
+            self._commit_batch(batch_id, rows, dead_letters)
+
+    def _commit_batch(self, batch_id: int, rows: int, dead_letters: int) -> None:
         assert self._conn is not None
         now = self._clock.wall()
         self._conn.exec_driver_sql(
@@ -622,14 +925,26 @@ class InboundLedger(pykka.ThreadingActor):
 
     def stats(self) -> dict[str, int]:
         assert self._conn is not None
-        pending = self._conn.exec_driver_sql(
-            "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
-        ).scalar_one()
+        try:
+            pending = self._conn.exec_driver_sql(
+                "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
+            ).scalar_one()
+        except Exception as error:
+            if not is_storage_fault(error):
+                raise
+            pending = None  # unreadable now; the storage fields below say why
         return {
             **self.counts,
+            **self._storage_counts,
             "pending": pending,
             "awaiting_pubrel": len(self._awaiting_pubrel),
             "held_acks": len(self._held_acks),
             "held_rows": 0 if self._held_from is None else self._last_seq - self._held_from + 1,
             "paused_by": sorted(self._pauses),
+            # Set while writes fail: the error, for how long, and what waits in memory.
+            "storage_error": self._failing,
+            "storage_failing_seconds": None
+            if self._failing_since is None
+            else round(self._clock.monotonic() - self._failing_since, 3),
+            "storage_backlog": len(self._backlog),
         }

@@ -14,18 +14,28 @@ Owns the outbound database (its own SQLite file) and every outbound PUBLISH/PUBR
 
 Packs waiting their turn stay in the tier-2 buffer (actors/buffer.py), which hands over one pack
 each time this actor tells it `Demand`.
+
+Every write waits in an ordered list until the next commit. If the commit meets a storage fault
+(disk full, read-only: persistence.storage_faults) the transaction is rolled back, the list kept,
+and forwarding stops where it is instead of the actor dying (a restart would meet the same disk,
+and the restart budget would end the daemon): nothing new is sent, no PUBREL leaves, no pack goes
+on to the writer, while acks are still taken into memory. The commit is retried on a backoff on
+the clock; once it succeeds, what waited is sent, PUBLISHes whose 'publish' state was just
+committed included (with DUP set: harmless for a first send).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import sqlite3
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
 import pykka
 
+from actors.backoff import Backoff
 from actors.buffer import Demand
 from actors.clock import Clock, TimerHandle
 from actors.connection import SessionEnded, SessionStarted
@@ -35,7 +45,9 @@ from actors.routes import Route, render_target, route_for
 from actors.upstream_client import AckType, OutboundAck, OutboundPublish
 from persistence.database import connect_sqlite
 from persistence.inbound_ledger import LedgerRecord
+from persistence.storage_faults import describe, is_storage_fault
 from spark.writer import Landed
+from spark.zebra import INVALID_TOPIC, topic_problem
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +73,11 @@ class _PackTimeout:
 @dataclass(frozen=True, slots=True)
 class _Flush:
     """Queued behind the acks already in the mailbox: one commit for all of them."""
+
+
+@dataclass(frozen=True, slots=True)
+class _RetryStorage:
+    """The backoff after a failed commit is over: commit again, then go on."""
 
 
 @dataclass
@@ -111,6 +128,7 @@ class OutboundLedger(pykka.ThreadingActor):
         processing_timeout: float = 20.0,
         ack_strategy: str = "RETRY_ALL",
         retries: int = 3,
+        storage_backoff: Backoff | None = None,
     ) -> None:
         super().__init__()
         self._path = Path(path)
@@ -146,6 +164,12 @@ class OutboundLedger(pykka.ThreadingActor):
         # (state, seq) decided by acks, written in one statement before anything else is
         # written and before each commit (a later write to the same row must win).
         self._states: list[tuple[str, int]] = []
+        # Statements (sql, rows) in the order they were decided, executed at the next commit;
+        # kept when a commit fails for a storage fault, so the retry writes them all.
+        self._writes: list[tuple[str, list[tuple]]] = []
+        self._storage_error: str | None = None
+        self._storage_backoff = storage_backoff or Backoff(0.5, 30.0, 0.25)
+        self._storage_timer: TimerHandle | None = None
         self.stats = _Stats()
 
     # -- life cycle -------------------------------------------------------------------------
@@ -172,7 +196,16 @@ class OutboundLedger(pykka.ThreadingActor):
         )
 
     def on_stop(self) -> None:
-        self._commit()  # the acks decided so far: fewer re-sends after the next start
+        if self._storage_timer is not None:
+            self._storage_timer.cancel()
+            self._storage_timer = None
+        # The acks decided so far: fewer re-sends after the next start.
+        if not self._commit():
+            log.error(
+                "outbound ledger stopping while it cannot write (%s): the last acks are not "
+                "saved; their messages are sent again after the next start",
+                self._storage_error,
+            )
         self._db.close()
         log.info("outbound ledger closed")
 
@@ -195,6 +228,9 @@ class OutboundLedger(pykka.ThreadingActor):
             self._on_ack(message)
         elif isinstance(message, _Flush):
             self._flush()
+        elif isinstance(message, _RetryStorage):
+            self._storage_timer = None
+            self._flush()
         elif isinstance(message, SessionStarted):
             self._on_session(message)
         elif isinstance(message, SessionEnded):
@@ -214,6 +250,8 @@ class OutboundLedger(pykka.ThreadingActor):
     # -- packs ------------------------------------------------------------------------------
 
     def _pump(self) -> None:
+        if self._storage_error is not None:
+            return  # a finished pack goes on only once its states are committed
         if self._current is None and self._waiting:
             self._start_pack(self._waiting.popleft())
         if self._current is None:
@@ -245,6 +283,14 @@ class OutboundLedger(pykka.ThreadingActor):
                     entry.reason = "resend"
                 else:
                     entry.state = state  # acked | dead | failed
+            if entry.state == "queued" and entry.message is not None:
+                # A route can render an upstream topic MQTT cannot carry (a 65,000-byte reader
+                # level under `x/{topic}`): encoding it would raise in this actor at every
+                # restart, so the message is given up on and lands as a dead letter.
+                problem = topic_problem(entry.message.topic)
+                if problem is not None:
+                    log.warning("message %s: upstream %s", record.message_key, problem)
+                    self._give_up(entry, INVALID_TOPIC)
             entries.append(entry)
         self._current = _PackState(pack, entries)
         if self._connected:
@@ -292,6 +338,8 @@ class OutboundLedger(pykka.ThreadingActor):
         """Send queued entries of the current pack while the window has room."""
         if not self._connected or self._client is None or self._current is None:
             return
+        if self._storage_error is not None:
+            return
         batch: list[_Entry] = []
         now = self._clock.wall()
         current = self._current
@@ -329,14 +377,16 @@ class OutboundLedger(pykka.ThreadingActor):
                 self._pump()
             return
         # Persist before any of these PUBLISHes can reach the wire.
-        self._write_states()
-        self._db.executemany(
+        self._write(
             "INSERT INTO outbound (seq, packet_id, state, attempts) VALUES (?, ?, 'publish', ?) "
             "ON CONFLICT (seq) DO UPDATE SET packet_id = excluded.packet_id, "
             "state = 'publish', attempts = excluded.attempts",
             [(e.record.seq, e.message.packet_id, e.attempts) for e in batch],
         )
-        self._commit()
+        if not self._commit():
+            # In flight but not on the wire: sent (after their commit) once storage is back.
+            self._unsent.update(entry.message.packet_id for entry in batch)
+            return
         # One write for the lot; QoS 0 is acknowledged when paho reports it written (SENT).
         self._client.send_publishes(self._epoch, [entry.message for entry in batch])
 
@@ -347,6 +397,8 @@ class OutboundLedger(pykka.ThreadingActor):
         self._flush_unsent()
 
     def _flush_unsent(self) -> None:
+        if self._storage_error is not None:
+            return
         room = self._window - (len(self._inflight) - len(self._unsent))
         for packet_id in sorted(self._unsent, key=lambda pid: self._inflight[pid].record.seq):
             if room <= 0:
@@ -393,8 +445,7 @@ class OutboundLedger(pykka.ThreadingActor):
                 self.stats.possible_duplicates += len(pubrels)
                 for entry in pubrels:
                     entry.state = "publish"
-                self._write_states()
-                self._db.executemany(
+                self._write(
                     "UPDATE outbound SET state = 'publish' WHERE seq = ?",
                     [(e.record.seq,) for e in pubrels],
                 )
@@ -446,15 +497,56 @@ class OutboundLedger(pykka.ThreadingActor):
     def _write_states(self) -> None:
         if self._states:
             states, self._states = self._states, []
-            self._db.executemany(
-                "UPDATE outbound SET state = ?1, "
-                "packet_id = CASE ?1 WHEN 'pubrel' THEN packet_id ELSE NULL END WHERE seq = ?2",
-                states,
+            self._writes.append(
+                (
+                    "UPDATE outbound SET state = ?1, packet_id = "
+                    "CASE ?1 WHEN 'pubrel' THEN packet_id ELSE NULL END WHERE seq = ?2",
+                    states,
+                )
             )
 
-    def _commit(self) -> None:
+    def _write(self, sql: str, rows: list[tuple]) -> None:
+        """A statement for the next commit, after the ack states decided before it."""
         self._write_states()
-        self._db.commit()
+        self._writes.append((sql, rows))
+
+    def _commit(self) -> bool:
+        """Execute the waiting writes and commit. False after a storage fault: rolled back,
+        the writes kept for the retry that is now scheduled."""
+        self._write_states()
+        try:
+            for sql, rows in self._writes:
+                self._db.executemany(sql, rows)
+            self._db.commit()
+        except sqlite3.Error as error:
+            if not is_storage_fault(error):
+                raise
+            self._storage_failed(error)
+            return False
+        self._writes.clear()
+        if self._storage_error is not None:
+            log.info("outbound ledger writes again (it failed with: %s)", self._storage_error)
+            self._storage_error = None
+            self._storage_backoff.reset()
+        return True
+
+    def _storage_failed(self, error: sqlite3.Error) -> None:
+        try:
+            self._db.rollback()
+        except sqlite3.Error:
+            pass  # SQLite may have rolled back already; the writes are still in the list
+        if self._storage_error is None:
+            log.error(
+                "outbound ledger cannot write %s: %s; forwarding waits (nothing leaves that is "
+                "not recorded), retrying with backoff",
+                self._path,
+                describe(error),
+            )
+        self._storage_error = describe(error)
+        if self._storage_timer is None:
+            self._storage_timer = self._clock.call_later(
+                self._storage_backoff.next_delay(), lambda: self._tell(_RetryStorage())
+            )
 
     def _schedule_flush(self) -> None:
         if not self._flush_pending:
@@ -467,7 +559,8 @@ class OutboundLedger(pykka.ThreadingActor):
         as PUBREL if 'pubrel' was committed, which the broker answers even for a finished
         exchange; QoS 1: a duplicate the `fxgate-key` property lets a consumer drop)."""
         self._flush_pending = False
-        self._commit()
+        if self._storage_timer is not None or not self._commit():
+            return  # the PUBRELs wait for their committed state (a retry is scheduled)
         due, self._pubrels_due = self._pubrels_due, []
         if due and self._connected and self._client is not None:
             self._client.send_pubrels(self._epoch, due)
@@ -507,6 +600,10 @@ class OutboundLedger(pykka.ThreadingActor):
             return
         if not self._connected:
             return  # re-armed at the next SessionStarted
+        if self._storage_error is not None:
+            # Nothing could be re-sent and recorded meanwhile: a storage fault is no failed try.
+            self._arm_timeout()
+            return
         unacked = [e for e in current.entries if e.state not in ("acked", "dead")]
         current.attempts += 1
         exhausted = self._strategy == "SKIP_ALL" or (
@@ -548,20 +645,18 @@ class OutboundLedger(pykka.ThreadingActor):
         entry.state = "dead"
         entry.reason = reason
         self.stats.dead += 1
-        self._write_states()
-        self._db.execute(
+        self._write(
             "INSERT INTO outbound (seq, packet_id, state, attempts, reason) "
             "VALUES (?, NULL, 'dead', ?, ?) ON CONFLICT (seq) DO UPDATE SET packet_id = NULL, "
             "state = 'dead', reason = excluded.reason",
-            (entry.record.seq, entry.attempts, reason),
+            [(entry.record.seq, entry.attempts, reason)],
         )
         self._commit()
         log.warning("message %s not forwarded: %s", entry.record.message_key, reason)
 
     def _forget(self, seqs: tuple[int, ...]) -> None:
         """Rows in the table for good: their forwarding state is no longer needed."""
-        self._write_states()
-        self._db.executemany("DELETE FROM outbound WHERE seq = ?", [(s,) for s in seqs])
+        self._write("DELETE FROM outbound WHERE seq = ?", [(s,) for s in seqs])
         self._commit()
         for seq in seqs:
             self._known.pop(seq, None)
@@ -573,5 +668,6 @@ class OutboundLedger(pykka.ThreadingActor):
             "connected": self._connected,
             "window": self._window,
             "in_flight": len(self._inflight),
+            "storage_error": self._storage_error,
             **dataclasses.asdict(self.stats),
         }

@@ -67,15 +67,25 @@ def pending_requests(data_dir: Path) -> list[Path]:
 
 
 def read_request(path: Path) -> tuple[str, list[ReplayMessage]]:
-    """(request id, messages) of one request file."""
+    """(request id, messages) of one request file; ValueError, KeyError or OSError when it is
+    not one (the ledger then moves it aside).
+
+    A request file can be written by hand, so every field is checked here: a topic that is not
+    text (a lone surrogate from a JSON escape cannot be hashed into a key) or a QoS the `qos`
+    column cannot hold would otherwise fail in the ledger or the Spark writer at every restart.
+    """
     messages = []
-    for line in path.read_text().splitlines():
+    for number, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         row = json.loads(line)
+        key, topic, qos = row["message_key"], row["topic"], row["qos"]
+        if not isinstance(key, str) or not isinstance(topic, str):
+            raise ValueError(f"line {number}: message_key and topic must be strings")
+        topic.encode("utf-8")  # UnicodeEncodeError is a ValueError
+        if qos not in (0, 1, 2) or isinstance(qos, bool):
+            raise ValueError(f"line {number}: qos must be 0, 1 or 2, not {qos!r}")
         messages.append(
-            ReplayMessage(
-                row["message_key"], row["topic"], base64.b64decode(row["payload"]), int(row["qos"])
-            )
+            ReplayMessage(key, topic, base64.b64decode(row["payload"], validate=True), qos)
         )
     return path.name.removesuffix(SUFFIX), messages

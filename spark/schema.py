@@ -5,10 +5,17 @@ The Spark writer hands `createDataFrame` a `pyarrow.Table` because that is the f
 ~140k rows/s, tuples are 3x slower). `build_batch` is a pure function of its records and batch id:
 a batch replayed after a crash must rebuild exactly the rows it wrote before, so that overwriting
 its partition is a no-op for the rows and the table never holds a duplicate (DESIGN §3.1).
+
+Nothing a publisher sends can make a batch fail to build (DESIGN §3.6): a bad topic or payload
+becomes a `dead_letters` row, every text that reaches a string column is valid UTF-8, and a
+dead letter's payload is kept to `max_payload_bytes`, so one huge message cannot exhaust the
+Spark driver and stall every batch behind it.
 """
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable
@@ -20,7 +27,17 @@ import pyarrow as pa
 
 from actors.routes import topic_matches
 from persistence.keys import ReadKey, payload_hash_read_id
-from spark.zebra import PayloadError, TagRead, parse_payload, reader_id_from_topic
+from spark.zebra import (
+    DEFAULT_MAX_BYTES,
+    DEFAULT_MAX_READS,
+    INVALID_TOPIC,
+    PayloadError,
+    TagRead,
+    parse_payload,
+    reader_id_from_topic,
+    safe_reader_id,
+    topic_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +108,12 @@ INVALID_EVENT = "invalid_event"
 # message must not crash-loop the writer and stall every pack behind it (DESIGN §3.6).
 PARSER_ERROR = "parser_error"
 
+# Where _parse_event leaves the event's data as JSON (not a CloudEvents attribute name).
+_DATA_JSON = " data_json"
+
+# A dead letter's detail is for a person: a few lines at most.
+MAX_DETAIL_CHARS = 1000
+
 
 class LedgerRecord(Protocol):
     """What `build_batch` needs of one inbound-ledger row."""
@@ -116,9 +139,11 @@ Parser = Callable[[bytes], tuple[TagRead, ...]]
 def build_batch(
     records: Iterable[LedgerRecord],
     batch_id: int,
-    parse: Parser = parse_payload,
+    parse: Parser | None = None,
     read_key: ReadKey = payload_hash_read_id,
     events_filter: str | None = None,
+    max_payload_bytes: int = DEFAULT_MAX_BYTES,
+    max_reads: int = DEFAULT_MAX_READS,
 ) -> BatchTables:
     """Parse every record: one `reads` row per tag read, one `dead_letters` row per bad message,
     and one `events` row per message on a topic matching `events_filter` (the life-cycle topics,
@@ -126,7 +151,13 @@ def build_batch(
 
     Rows come in record order, then read order within a message, so the same records always give
     identical tables. `read_key` names each read (its `message_id`; persistence.keys.READ_KEYS).
+    `parse` defaults to the Zebra parser with the `max_payload_bytes` / `max_reads` limits; a
+    message on a topic `spark.zebra.topic_problem` refuses is dead-lettered as `invalid_topic`.
+    The `reader_id` column holds `spark.zebra.safe_reader_id` of the reader's topic level (the
+    `topic` column keeps the topic as it came); read keys are made from the level as it came.
     """
+    if parse is None:
+        parse = functools.partial(parse_payload, max_bytes=max_payload_bytes, max_reads=max_reads)
     events: list[tuple[object, dict, int]] = []
     message_id: list[str] = []
     topic: list[str] = []
@@ -151,14 +182,27 @@ def build_batch(
     dead_received: list[int] = []
     dead_pack: list[int] = []
 
-    readers: dict[str, str] = {}
+    # topic -> (why it cannot be stored or None, reader level as it came, its safe name)
+    topics: dict[str, tuple[str | None, str, str]] = {}
     for record in records:
         received_us = _epoch_micros(record.received_time)
         forward_failure = getattr(record, "dead_reason", None)
+        record_topic = record.topic
+        known = topics.get(record_topic)
+        if known is None:
+            reader = reader_id_from_topic(record_topic)
+            known = topics[record_topic] = (
+                topic_problem(record_topic),
+                reader,
+                safe_reader_id(reader),
+            )
+        problem, reader, safe_reader = known
         try:
             if forward_failure:
                 raise PayloadError(forward_failure, "forwarding upstream gave up on this message")
-            if events_filter is not None and topic_matches(events_filter, record.topic):
+            if problem is not None:
+                raise PayloadError(INVALID_TOPIC, problem)
+            if events_filter is not None and topic_matches(events_filter, record_topic):
                 events.append((record, _parse_event(record.payload), received_us))
                 continue
             reads = parse(record.payload)
@@ -170,20 +214,23 @@ def build_batch(
         else:
             reason = detail = ""
         if reason:
+            payload = bytes(record.payload)
+            if len(payload) > max_payload_bytes:
+                detail += (
+                    f"; payload cut to its first {max_payload_bytes} of {len(payload)} bytes "
+                    f"(sha256 of the whole: {hashlib.sha256(payload).hexdigest()})"
+                )
+                payload = payload[:max_payload_bytes]
             dead_key.append(record.message_key)
-            dead_topic.append(record.topic)
-            dead_payload.append(bytes(record.payload))
+            dead_topic.append(_storable(record_topic))
+            dead_payload.append(payload)
             dead_reason.append(reason)
-            dead_detail.append(detail)
+            dead_detail.append(_storable(detail, MAX_DETAIL_CHARS))
             dead_qos.append(record.qos)
             dead_received.append(received_us)
             dead_pack.append(record.pack_id)
             continue
 
-        record_topic = record.topic
-        reader = readers.get(record_topic)
-        if reader is None:
-            reader = readers[record_topic] = reader_id_from_topic(record_topic)
         key = record.message_key
         for index, read in enumerate(reads):
             message_id.append(read_key(key, reader, index, read))
@@ -196,7 +243,7 @@ def build_batch(
             event_time.append(read.event_time)
         n = len(reads)
         topic.extend([record_topic] * n)
-        reader_id.extend([reader] * n)
+        reader_id.extend([safe_reader] * n)
         received.extend([received_us] * n)
         qos.extend([record.qos] * n)
         pack_id.extend([record.pack_id] * n)
@@ -247,18 +294,51 @@ def build_batch(
 
 
 def _parse_event(payload: bytes) -> dict:
-    """The CloudEvents dict of a life-cycle message; PayloadError when it is not one."""
+    """The CloudEvents dict of a life-cycle message; PayloadError when it is not one.
+
+    Every value that lands in a typed column is checked here: anyone who can publish on the
+    life-cycle topic could otherwise make the whole batch fail to convert, again at every retry.
+    """
     try:
         event = json.loads(payload)
+        if not isinstance(event, dict):
+            raise TypeError("the event is not an object")
         time = datetime.strptime(event["time"], "%Y-%m-%dT%H:%M:%S.%fZ").replace(tzinfo=UTC)
-        if not isinstance(event["data"], dict):
+        data = event["data"]
+        if not isinstance(data, dict):
             raise TypeError("data is not an object")
         for key in ("id", "type", "source", "subject"):
-            if not isinstance(event[key], str):
-                raise TypeError(f"{key} is not a string")
-    except (ValueError, KeyError, TypeError) as exc:
+            _check_text(event[key], key, optional=False)
+        for key in ("clientName", "clientSessionName", "disconnectionReason"):
+            _check_text(data.get(key), f"data.{key}", optional=True)
+        number = data.get("sequenceNumber")
+        if number is not None and (type(number) is not int or not 0 <= number < 2**63):
+            raise TypeError("data.sequenceNumber is not an integer in range")
+        # Here, not when the table is built: a RecursionError must be caught per message.
+        data_json = json.dumps(data, sort_keys=True)
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise PayloadError(INVALID_EVENT, f"{type(exc).__name__}: {exc}") from None
-    return {**event, "time": time}
+    return {**event, "time": time, _DATA_JSON: data_json}
+
+
+def _check_text(value: object, name: str, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str):
+        raise TypeError(f"{name} is not a string")
+    value.encode("utf-8")  # a lone surrogate from a JSON escape: UnicodeEncodeError, a ValueError
+
+
+def _storable(text: str, limit: int | None = None) -> str:
+    """`text` as valid UTF-8 (lone surrogates written as \\udXXX escapes), at most `limit`
+    characters: a detail quotes what it refuses, and the column must still take it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    if limit is not None and len(text) > limit:
+        text = text[: max(limit - 3, 0)] + "..."
+    return text
 
 
 def _events_table(events: list[tuple[object, dict, int]], batch_id: int) -> pa.Table:
@@ -275,7 +355,7 @@ def _events_table(events: list[tuple[object, dict, int]], batch_id: int) -> pa.T
             pa.array([d.get("clientSessionName") for d in data], type=pa.string()),
             pa.array([d.get("sequenceNumber") for d in data], type=pa.int64()),
             pa.array([d.get("disconnectionReason") for d in data], type=pa.string()),
-            pa.array([json.dumps(d, sort_keys=True) for d in data], type=pa.string()),
+            pa.array([e[_DATA_JSON] for _, e, _ in events], type=pa.string()),
             pa.array([received for _, _, received in events], type=UTC_MICROS),
             pa.array([r.pack_id for r, _, _ in events], type=pa.int64()),
             pa.array([batch_id] * len(events), type=pa.int64()),

@@ -5,6 +5,14 @@ driver, dynamic partition overwrite (the table writer also sets it on every writ
 and every scratch file of the JVM under the caller's `work_dir`, because killed runs leave
 their files behind in whatever temp dir they used.
 
+With a cluster master (`spark://host:7077`) the same settings apply to the driver, which runs in
+this process; the executors run on the cluster's workers and connect back to the driver, so the
+driver must be reachable from them. For a master on loopback (tests, a one-box cluster) the
+driver binds and advertises 127.0.0.1; for any other master nothing is pinned to loopback and
+the operator names the address the executors should use (`spark.driver.host`, and fixed
+`spark.driver.port` / `spark.blockManager.port` through a firewall) in `[spark.conf]`. The
+address the driver advertised is logged at start.
+
 `stop_session` stops the SparkContext *and* the JVM: `SparkSession.stop()` alone leaves the py4j
 gateway JVM running for the life of the Python process, and a daemon that restarts its Spark
 writer would otherwise pile up JVMs.
@@ -12,6 +20,7 @@ writer would otherwise pile up JVMs.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import time
@@ -86,6 +95,28 @@ logger.arrow.level = error
 """
 
 
+def is_local_master(master: str) -> bool:
+    """`local`, `local[2]`, `local[*]`, `local[2,3]`: the executors run inside the driver."""
+    return master == "local" or master.startswith("local[")
+
+
+def master_on_loopback(master: str) -> bool:
+    """Whether every host of a `spark://h1:p1,h2:p2` master URL is a loopback address."""
+    if not master.startswith("spark://"):
+        return False
+    hosts = [entry.rsplit(":", 1)[0] for entry in master.removeprefix("spark://").split(",")]
+    return bool(hosts) and all(_is_loopback(host.strip("[]")) for host in hosts)
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def _java_option(name: str, value: Path) -> str:
     # Spark's launcher splits extraJavaOptions like a shell and strips double quotes.
     return f'-D{name}="{value}"'
@@ -105,10 +136,14 @@ def build_session(
     Only one session per process: a second call returns the running session with
     `conf` applied only where Spark allows changing it at run time.
     """
-    # Read when the JVM starts: Spark then binds to and advertises loopback instead of the
-    # address the host name resolves to (it warns when that is a loopback address, and fails
-    # on a gateway whose name does not resolve at all).
-    os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    local = is_local_master(master)
+    loopback = master_on_loopback(master)
+    if local or loopback:
+        # Read when the JVM starts: Spark then binds to and advertises loopback instead of the
+        # address the host name resolves to (it warns when that is a loopback address, and
+        # fails on a gateway whose name does not resolve at all). Not for a remote cluster:
+        # its executors could not reach a driver that advertises 127.0.0.1.
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 
     work_dir = Path(work_dir).absolute()
     local_dir = work_dir / "local"
@@ -143,6 +178,12 @@ def build_session(
         # non-Spark readers must see the same timestamp[us, UTC] that was written.
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
     }
+    if loopback:
+        # Executors on a loopback cluster connect back to the driver; left to itself the driver
+        # advertises the name 127.0.0.1 resolves to ("localhost" here), which only works where
+        # /etc/hosts says so.
+        settings["spark.driver.host"] = "127.0.0.1"
+        settings["spark.driver.bindAddress"] = "127.0.0.1"
     settings.update(conf)
 
     builder = SparkSession.builder.master(master).appName(app_name)
@@ -153,7 +194,20 @@ def build_session(
     # local[1] and local[2] alike. The first write after it costs another 3-5 s (JIT warm-up).
     started = time.perf_counter()
     session = builder.getOrCreate()
-    logger.info("Spark session started: master %s in %.1f s", master, time.perf_counter() - started)
+    seconds = time.perf_counter() - started
+    if local:
+        logger.info("Spark session started: master %s in %.1f s", master, seconds)
+    else:
+        spark_conf = session.sparkContext.getConf()
+        logger.info(
+            "Spark session started: master %s, application %s, driver reachable by the "
+            "executors at %s:%s, in %.1f s",
+            master,
+            session.sparkContext.applicationId,
+            spark_conf.get("spark.driver.host"),
+            spark_conf.get("spark.driver.port"),
+            seconds,
+        )
     return session
 
 

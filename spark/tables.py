@@ -1,6 +1,8 @@
 """Idempotent batch writes of the Parquet tables, and the two ways to read them back.
 
-Layout: ``{tables_dir}/{table}/date=YYYY-MM-DD/batch_id=N/part-*.parquet``. Every write is an
+Layout: ``{tables_dir}/{table}/date=YYYY-MM-DD/batch_id=N/part-*.parquet``, where `tables_dir` is a
+local path or any Hadoop URI the cluster reaches (spark/location.py); Spark is always handed a
+URI, and the pyarrow reader opens what it can (local paths, `file:` URIs). Every write is an
 overwrite in *dynamic* partition mode, so writing batch N again replaces exactly the
 ``batch_id=N`` partitions it contains and leaves every other batch alone. That is what makes the
 Spark leg exactly-once: the caller may replay a batch any number of times (after a crash, a
@@ -58,6 +60,8 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from spark.location import Location, local_path, spark_uri
+
 logger = logging.getLogger(__name__)
 
 READS = "reads"
@@ -75,19 +79,24 @@ _DATE_VALUE = r"^\d{4}-\d{2}-\d{2}$"
 _NO_DATA_CONDITIONS = frozenset({"PATH_NOT_FOUND", "UNABLE_TO_INFER_SCHEMA"})
 
 
-def table_path(tables_dir: Path | str, name: str) -> str:
+def table_path(tables_dir: Location, name: str) -> str:
     """Location of table `name`; `tables_dir` may be a local path or any Hadoop URI."""
     if not _TABLE_NAME.match(name):
         raise ValueError(f"invalid table name {name!r}")
     return f"{str(tables_dir).rstrip('/')}/{name}"
 
 
+class TablesNotReadable(ValueError):
+    """The tables are not on this machine's disk (`hdfs://`, `s3a://`...): only Spark reads
+    them, and the readers that start no JVM (status, dead-letters list) cannot."""
+
+
 class TableWriter:
     """Writes one batch of tables; a replayed batch id replaces what that id wrote before."""
 
-    def __init__(self, session: SparkSession, tables_dir: Path | str) -> None:
+    def __init__(self, session: SparkSession, tables_dir: Location) -> None:
         self._session = session
-        self._tables_dir = str(tables_dir)
+        self._tables_dir = spark_uri(tables_dir)
         # build_session sets this too; a session built elsewhere would write INT96 (Spark's
         # default), which the non-Spark readers see as naive nanoseconds.
         session.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
@@ -163,6 +172,10 @@ def clean_staging(tables_dir: Path) -> list[Path]:
     Removes `.spark-staging-*` and `_temporary` entries at any depth. Both readers already
     ignore them; this only reclaims space. Never call it while a write is running: those
     directories are then the running job's output.
+
+    With a cluster master the dead driver's executors live on until their worker ends them, and
+    one may still be writing its task's files while they are removed: what cannot be removed
+    now is left (with a warning) for the next start.
     """
     removed: list[Path] = []
     for root, dirnames, filenames in os.walk(tables_dir):
@@ -170,11 +183,17 @@ def clean_staging(tables_dir: Path) -> list[Path]:
             if not (name.startswith(".spark-staging") or name == "_temporary"):
                 continue
             path = Path(root) / name
-            if name in dirnames:
-                dirnames.remove(name)  # do not walk into what is being deleted
-                shutil.rmtree(path)
-            else:
-                path.unlink()
+            try:
+                if name in dirnames:
+                    dirnames.remove(name)  # do not walk into what is being deleted
+                    shutil.rmtree(path)
+                else:
+                    path.unlink()
+            except FileNotFoundError:
+                pass  # its writer removed it first: gone all the same
+            except OSError as error:
+                logger.warning("Could not remove %s yet: %s", path, error)
+                continue
             removed.append(path)
     if removed:
         logger.info("Removed %s leftovers of killed Spark jobs under %s", len(removed), tables_dir)
@@ -183,7 +202,7 @@ def clean_staging(tables_dir: Path) -> list[Path]:
 
 def read_table(
     session: SparkSession,
-    tables_dir: Path | str,
+    tables_dir: Location,
     name: str,
     schema: pa.Schema | None = None,
 ) -> DataFrame:
@@ -193,7 +212,7 @@ def read_table(
     partition columns) or, without it, just the two partition columns.
     """
     try:
-        df = session.read.parquet(table_path(tables_dir, name))
+        df = session.read.parquet(table_path(spark_uri(tables_dir), name))
     except AnalysisException as error:
         if error.getCondition() not in _NO_DATA_CONDITIONS:
             raise
@@ -204,19 +223,22 @@ def read_table(
     )
 
 
-def read_table_arrow(
-    tables_dir: Path | str, name: str, schema: pa.Schema | None = None
-) -> pa.Table:
+def read_table_arrow(tables_dir: Location, name: str, schema: pa.Schema | None = None) -> pa.Table:
     """Table `name` read with plain pyarrow (hive partitioning), the way non-Spark readers do.
 
     Sees exactly what Spark's reader sees (both skip `.`/`_` paths). A table with no data yet
-    is an empty table with `schema` or, without it, just the two partition columns.
+    is an empty table with `schema` or, without it, just the two partition columns. Tables
+    that are not on the local disk raise `TablesNotReadable`.
     """
-    location = table_path(tables_dir, name)
-    if "://" in location:
-        filesystem, path = pafs.FileSystem.from_uri(location)
-    else:
-        filesystem, path = pafs.LocalFileSystem(), os.path.abspath(location)
+    local = local_path(tables_dir)
+    if local is None:
+        # Not pyarrow's own remote file systems: its hdfs:// loads a JVM into this process, and
+        # s3a:// (Hadoop's S3 client, configured in Spark) is not one of them.
+        raise TablesNotReadable(
+            f"table {name} at {table_path(tables_dir, name)} is not on this machine's disk; "
+            "only Spark reads it (`fxgate report`)"
+        )
+    filesystem, path = pafs.LocalFileSystem(), table_path(local, name)
     if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
         return _empty_table(schema)
     dataset = ds.dataset(

@@ -11,11 +11,18 @@ A failed job is retried, same id and rows, after a backoff on the clock, for as 
 its rows are durable in the ledger and must not be dropped because Spark is unwell. A job still
 running `processing_timeout` after it started is cancelled and retried the same way. While a batch
 waits for its retry, new packs wait behind it, which keeps batches in order.
+
+A ledger that cannot write (StorageUnavailable: disk full) is waited out the same way: a batch it
+could not begin goes back in front of the pending packs, and one whose commit it could not record
+is written again (the same partitions, overwritten) and committed at the retry. Each failure is a
+log line and a `WriterHealth` handed to `on_health` (status, /healthz); the first success after
+failures is one line more.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +36,7 @@ from actors.crashpoints import crash_point, crash_soon
 from actors.pack import Pack, PackSealed
 from persistence.inbound_ledger import LedgerRecord, Pause, Resume
 from persistence.keys import READ_KEYS
+from persistence.storage_faults import StorageUnavailable
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -69,6 +77,20 @@ class Landed:
 
 
 @dataclass(frozen=True)
+class WriterHealth:
+    """How the writer fares, for status and /healthz: `failures` counts the failed attempts in
+    a row (0 = writing), times are wall-clock seconds."""
+
+    failures: int = 0
+    total_failures: int = 0
+    last_error: str | None = None
+    last_failure_time: float | None = None
+    failing_since: float | None = None
+    next_retry_time: float | None = None
+    waiting_batch: int | None = None  # the batch that waits for the retry, if it was begun
+
+
+@dataclass(frozen=True)
 class BatchWritten:
     batch_id: int
     messages: int
@@ -99,6 +121,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         backlog_high: int = 100_000,
         backlog_low: int = 50_000,
         events_filter: str | None = None,
+        on_health: Callable[[WriterHealth], None] | None = None,
+        max_payload_bytes: int = 1024 * 1024,
+        max_reads_per_message: int = 10_000,
     ) -> None:
         super().__init__()
         self._ledger = ledger
@@ -122,6 +147,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._backlog_paused = False
         # Records on topics matching this filter are life-cycle events: `events` table.
         self._events_filter = events_filter
+        # Bigger payloads, or more events in one, are dead-lettered (spark.zebra limits).
+        self._max_payload_bytes = max_payload_bytes
+        self._max_reads = max_reads_per_message
         self._pending: list[Pack] = []
         self._pending_messages = 0
         self._pending_bytes = 0
@@ -132,16 +160,24 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._tables: TableWriter | None = None
         self.last_batch: BatchWritten | None = None
         self.failures = 0
+        self._on_health = on_health
+        self._health = WriterHealth()
+        # While a retry is due, nothing else is written: batches stay in order.
+        self._retry_timer: TimerHandle | None = None
+        self._replays: deque[ReplayBatch] = deque()
 
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
+        from spark.location import local_path
         from spark.tables import TableWriter, clean_staging
 
         if self._table_writer is None:
             self._table_writer = TableWriter
-        if isinstance(self._tables_dir, Path):
-            removed = clean_staging(self._tables_dir)
+        # A remote location (hdfs://, s3a://) keeps its leftovers: readers ignore them anyway.
+        local_tables = local_path(self._tables_dir)
+        if local_tables is not None:
+            removed = clean_staging(local_tables)
             if removed:
                 log.info("removed %d leftover(s) of interrupted Spark jobs", len(removed))
         self._session = self._session_factory()
@@ -194,14 +230,22 @@ class SparkWriterActor(pykka.ThreadingActor):
                 self._deadline_timer = None
                 self._flush()
         elif isinstance(message, ReplayBatch):
+            if self._failed is not None or self._retry_timer is not None:
+                self._replays.append(message)  # after the one that waits, in order
+                return
             log.info("replaying batch %d (%d messages)", message.batch_id, len(message.records))
             self._write(message)
         elif isinstance(message, _Retry):
+            self._retry_timer = None
             failed, self._failed = self._failed, None
             if failed is not None:
                 log.info("retrying batch %d (attempt %d)", failed.batch_id, self.failures + 1)
                 self._ensure_session()
                 self._write(failed)
+            while self._replays and self._failed is None and self._retry_timer is None:
+                replay = self._replays.popleft()
+                log.info("replaying batch %d (%d messages)", replay.batch_id, len(replay.records))
+                self._write(replay)
             if self._failed is None:
                 self._flush()
         else:
@@ -230,14 +274,23 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._deadline_timer.cancel()
             self._deadline_timer = None
         self._generation += 1
-        if not self._pending or self._failed is not None:
+        if not self._pending or self._failed is not None or self._retry_timer is not None:
             return
         packs, self._pending, self._pending_messages = self._pending, [], 0
         self._pending_bytes = 0
         self._check_backlog()
         records = tuple(r for p in packs for r in p.records)
         dead = [(r.seq, r.dead_reason) for r in records if r.dead_reason]
-        batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs], dead).get()
+        try:
+            batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs], dead).get()
+        except StorageUnavailable as error:
+            # Nothing was recorded: the packs go back in front, to be batched again.
+            self._pending = packs + self._pending
+            self._pending_messages += len(records)
+            self._pending_bytes += sum(len(r.payload) for r in records)
+            self._check_backlog()
+            self._schedule_retry(None, error, len(records))
+            return
         crash_point("after_batch_begin_before_job")
         self._write(ReplayBatch(batch_id, records))
 
@@ -251,9 +304,18 @@ class SparkWriterActor(pykka.ThreadingActor):
         batch_id, records = batch.batch_id, batch.records
         started = self._clock.monotonic()
         tables = build_batch(
-            records, batch_id, read_key=self._read_key, events_filter=self._events_filter
+            records,
+            batch_id,
+            read_key=self._read_key,
+            events_filter=self._events_filter,
+            max_payload_bytes=self._max_payload_bytes,
+            max_reads=self._max_reads,
         )
-        reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
+        try:
+            reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
+        except StorageUnavailable as error:
+            self._schedule_retry(batch, error)
+            return
         watchdog = self._clock.call_later(
             self._processing_timeout, lambda: self._cancel_stuck(batch_id)
         )
@@ -272,10 +334,29 @@ class SparkWriterActor(pykka.ThreadingActor):
         crash_point("after_spark_job_before_mark")
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
         events = written.get(EVENTS, 0)
-        self._ledger.commit_batch(batch_id, rows, dead).get()
+        try:
+            self._ledger.commit_batch(batch_id, rows, dead).get()
+        except StorageUnavailable as error:
+            # The files are written but not recorded: the retry overwrites the same partitions.
+            self._schedule_retry(batch, error)
+            return
         if self._landed_listener is not None:
             self._landed_listener.tell(Landed(tuple(r.seq for r in records)))
-        self.failures = 0
+        if self.failures:
+            log.info(
+                "Spark writes again: batch %d written after %d failed attempt(s) over %.0f s",
+                batch_id,
+                self.failures,
+                self._clock.wall() - (self._health.failing_since or self._clock.wall()),
+            )
+            self.failures = 0
+            self._report(
+                WriterHealth(
+                    total_failures=self._health.total_failures,
+                    last_error=self._health.last_error,
+                    last_failure_time=self._health.last_failure_time,
+                )
+            )
         self._retry_backoff.reset()
         result = BatchWritten(
             batch_id, len(records), rows, dead, self._clock.monotonic() - started, events
@@ -313,20 +394,46 @@ class SparkWriterActor(pykka.ThreadingActor):
         if self._tables is not None:
             self._tables.cancel()
 
-    def _schedule_retry(self, batch: ReplayBatch, error: Exception) -> None:
+    def _schedule_retry(
+        self, batch: ReplayBatch | None, error: Exception, messages: int | None = None
+    ) -> None:
+        """One failed attempt: `batch` (None: a batch the ledger could not begin) waits for a
+        retry after the next backoff delay; nothing behind it is written meanwhile."""
         self.failures += 1
         self._failed = batch
         delay = self._retry_backoff.next_delay()
+        what = str(error).splitlines()[0] if str(error) else type(error).__name__
         log.error(
-            "batch %d: Spark write failed (attempt %d): %s; retrying in %.1f s "
-            "(its %d messages stay in the ledger)",
-            batch.batch_id,
+            "%s (attempt %d): %s; retrying in %.1f s (its %d messages stay in the ledger)",
+            "a batch could not begin"
+            if batch is None
+            else f"batch {batch.batch_id}: Spark write failed",
             self.failures,
-            str(error).splitlines()[0] if str(error) else type(error).__name__,
+            what,
             delay,
-            len(batch.records),
+            len(batch.records) if batch is not None else messages or 0,
         )
-        self._clock.call_later(delay, lambda: self._tell(_Retry()))
+        self._retry_timer = self._clock.call_later(delay, lambda: self._tell(_Retry()))
+        now = self._clock.wall()
+        self._report(
+            WriterHealth(
+                failures=self.failures,
+                total_failures=self._health.total_failures + 1,
+                last_error=f"{type(error).__name__}: {what}",
+                last_failure_time=now,
+                failing_since=self._health.failing_since or now,
+                next_retry_time=now + delay,
+                waiting_batch=None if batch is None else batch.batch_id,
+            )
+        )
+
+    def _report(self, health: WriterHealth) -> None:
+        self._health = health
+        if self._on_health is not None:
+            self._on_health(health)
+
+    def health(self) -> WriterHealth:
+        return self._health
 
     def _owned_reads(self, batch_id: int, reads: pa.Table) -> pa.Table:
         """Keep the reads whose id this batch owns, each once (first occurrence)."""

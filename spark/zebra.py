@@ -11,30 +11,49 @@ JSON array of them:
 A message is all or nothing: one bad element rejects the whole message, which then lands whole in
 `dead_letters` (DESIGN §3.6) — keeping the good half would make the message neither stored nor
 dead-lettered, and a replay could not tell which reads of it belong where.
+
+Hostile input is bounded before it costs anything: the size first, then the nesting depth, then
+the number of events. Every outcome is a pure function of the bytes (never of the thread that
+parses them), so a batch replayed after a crash dead-letters exactly what it did before.
+
+Topics and reader ids come from whoever can publish to the broker: `topic_problem` says when a
+topic cannot be stored as it is, and `safe_reader_id` turns a reader's topic level into a name
+that is safe as a file name or a partition value.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from itertools import accumulate
 
-DEFAULT_MAX_BYTES = 256 * 1024
+DEFAULT_MAX_BYTES = 1024 * 1024
 DEFAULT_MAX_READS = 10_000
+# A tag event is 2 levels deep (3 in an array). The limit sits far below the interpreter's
+# recursion limit (1000 frames, shared with the caller's stack), so that a RecursionError inside
+# the json decoder can never decide a message's fate: which messages are too deep must not depend
+# on how deep the calling thread happens to be.
+MAX_NESTING = 512
+# MQTT 5 §1.5.4: a UTF-8 string has a two-byte length.
+MAX_TOPIC_BYTES = 65535
 
 # Reason codes: stored in dead_letters.reason and counted by operators, so they never change.
-OVERSIZED = "oversized"
-INVALID_UTF8 = "invalid_utf8"
-INVALID_JSON = "invalid_json"
-NOT_A_TAG_EVENT = "not_a_tag_event"
-EMPTY_ARRAY = "empty_array"
-TOO_MANY_READS = "too_many_reads"
-MISSING_FIELD = "missing_field"
-WRONG_TYPE = "wrong_type"
-BAD_TIMESTAMP = "bad_timestamp"
-BAD_EPC = "bad_epc"
+OVERSIZED = "oversized"  # payload over max_bytes; checked before any decoding
+INVALID_UTF8 = "invalid_utf8"  # payload not UTF-8
+INVALID_JSON = "invalid_json"  # not JSON (NaN/Infinity too, or an int too long to convert)
+NOT_A_TAG_EVENT = "not_a_tag_event"  # not an event object / array of them with a data object
+EMPTY_ARRAY = "empty_array"  # an array with no events
+TOO_MANY_READS = "too_many_reads"  # more events than max_reads in one message
+MISSING_FIELD = "missing_field"  # no data.idHex or timestamp
+WRONG_TYPE = "wrong_type"  # a field of the wrong JSON type, or out of its column's range
+BAD_TIMESTAMP = "bad_timestamp"  # not ISO-8601, no offset, or outside _EARLIEST.._LATEST
+BAD_EPC = "bad_epc"  # idHex not hexadecimal
+NESTED_TOO_DEEP = "nested_too_deep"  # JSON nested deeper than MAX_NESTING
+INVALID_TOPIC = "invalid_topic"  # not a valid MQTT topic name (topic_problem), set by the batch
 
 REASONS = frozenset(
     {
@@ -48,6 +67,8 @@ REASONS = frozenset(
         WRONG_TYPE,
         BAD_TIMESTAMP,
         BAD_EPC,
+        NESTED_TOO_DEEP,
+        INVALID_TOPIC,
     }
 )
 
@@ -57,6 +78,13 @@ _INT32 = (-(2**31), 2**31 - 1)
 _INT64 = (-(2**63), 2**63 - 1)
 
 _HEX = re.compile(r"[0-9A-Fa-f]+")
+_NOT_A_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
+_BRACKET_STEP = [1 if b in b"[{" else -1 for b in range(256)]
+# No tag was read outside these years; the bounds keep garbage clocks out of the `date` partitions
+# and out of what Python can convert back (pyspark's collect() failed on 0001-01-01 UTC: its
+# local-time conversion gave year 0).
+_EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
+_LATEST = datetime(3000, 1, 1, tzinfo=UTC)
 _DETAIL_VALUE_CHARS = 64
 
 
@@ -90,10 +118,15 @@ def parse_payload(
         text = bytes(payload).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PayloadError(INVALID_UTF8, f"at byte {exc.start}: {exc.reason}") from None
+    # A document cannot nest deeper than it has opening brackets: only a payload with many of
+    # them (a large batch, or an attack) needs its depth measured, and it is measured on the
+    # text, before the decoder recurses into it.
+    if text.count("[") + text.count("{") > MAX_NESTING and _text_depth(text) > MAX_NESTING:
+        raise PayloadError(NESTED_TOO_DEEP, f"nested deeper than {MAX_NESTING} levels")
     try:
         doc = _DECODER.decode(text)
-    except RecursionError:
-        raise PayloadError(INVALID_JSON, "nested too deeply") from None
+    except RecursionError:  # cannot happen below MAX_NESTING; kept so it never escapes
+        raise PayloadError(NESTED_TOO_DEEP, f"nested deeper than {MAX_NESTING} levels") from None
     except ValueError as exc:
         raise PayloadError(INVALID_JSON, str(exc)) from None
 
@@ -118,6 +151,83 @@ def reader_id_from_topic(topic: str) -> str:
     if len(levels) < 2 or not levels[-2]:
         return topic
     return levels[-2]
+
+
+def topic_problem(topic: str) -> str | None:
+    """Why `topic` cannot be stored and forwarded as it is, or None when it can.
+
+    A broker checks topics for its clients, but a broker is not the only way in (replayed files,
+    a non-conforming broker), and a topic that is not a valid MQTT topic name would break what
+    relies on it: NUL separates topic and payload in the idempotency key (persistence.keys), a
+    lone surrogate cannot be written to a UTF-8 column, a wildcard or an over-long name cannot be
+    published upstream.
+    """
+    if not topic:
+        return "the topic is empty"
+    if "\x00" in topic:
+        return f"topic {_show(topic)} holds NUL (U+0000), which MQTT 5 forbids"
+    if "+" in topic or "#" in topic:
+        return f"topic {_show(topic)} holds a wildcard ('+' or '#'), not allowed in a topic name"
+    try:
+        size = len(topic.encode("utf-8"))
+    except UnicodeEncodeError:
+        return f"topic {_show(topic)} is not valid UTF-8 (a lone surrogate)"
+    if size > MAX_TOPIC_BYTES:
+        return f"topic of {size} bytes is longer than MQTT allows ({MAX_TOPIC_BYTES})"
+    return None
+
+
+# Kept as they are in a safe name: what no file system, URI or Hive partition path treats
+# specially. Everything else is %XX-escaped byte by byte (UTF-8), as Hive escapes partition
+# values, so the name can be read back with urllib.parse.unquote.
+_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._")
+MAX_SAFE_NAME_BYTES = 200
+_HASH_HEX_DIGITS = 32
+
+
+def safe_reader_id(reader: str) -> str:
+    """`reader` as a name that is safe as a file name, a path component or a partition value.
+
+    Names made of letters, digits, '-', '.' and '_' (what FX9600 readers are called) come back
+    unchanged. Otherwise every other byte of the UTF-8 form becomes %XX (reversible with
+    `urllib.parse.unquote`), and so does a leading '.' or '_' (Spark and pyarrow skip such paths
+    as hidden): the result is ASCII, holds no '/', '\\', NUL or control character, and is never
+    '.' or '..'. A name longer than MAX_SAFE_NAME_BYTES once escaped keeps its first part and
+    ends in '~' and 32 hex digits of its sha256: unique, but no longer reversible ('~' marks it,
+    since an escaped name never holds one). An empty reader becomes '%', which no other name
+    escapes to.
+    """
+    if not reader:
+        return "%"
+    if reader.isascii() and all(c in _SAFE_CHARS for c in reader) and reader[0] not in "._":
+        escaped = reader
+    else:
+        raw = reader.encode("utf-8", "surrogatepass")
+        escaped = "".join(
+            chr(b) if chr(b) in _SAFE_CHARS and (i > 0 or chr(b) not in "._") else f"%{b:02X}"
+            for i, b in enumerate(raw)
+        )
+    if len(escaped) <= MAX_SAFE_NAME_BYTES:
+        return escaped
+    digest = hashlib.sha256(reader.encode("utf-8", "surrogatepass")).hexdigest()
+    keep = escaped[: MAX_SAFE_NAME_BYTES - 1 - _HASH_HEX_DIGITS]
+    # Never end the kept part inside a %XX escape.
+    cut = keep.rfind("%", len(keep) - 2)
+    if cut != -1:
+        keep = keep[:cut]
+    return f"{keep}~{digest[:_HASH_HEX_DIGITS]}"
+
+
+def _text_depth(text: str) -> int:
+    """The deepest bracket nesting of a JSON text, strings left out. Never below the depth the
+    decoder reaches in the valid part of the text: once the escaped backslashes and quotes are
+    gone, every quote left opens or closes a string, as the decoder sees it; past the first
+    invalid character the decoder goes no deeper, whatever is counted there. (A regex over the
+    strings took four times as long.)"""
+    unescaped = text.replace("\\\\", "").replace('\\"', "")
+    outside = "".join(unescaped.split('"')[::2])
+    brackets = outside.encode("utf-8", "surrogatepass").translate(None, _NOT_A_BRACKET)
+    return max(accumulate(map(_BRACKET_STEP.__getitem__, brackets)), default=0)
 
 
 def _parse_event(event: object, where: str) -> TagRead:
@@ -172,6 +282,11 @@ def _timestamp(value: object, where: str) -> datetime:
             raise PayloadError(
                 BAD_TIMESTAMP, f"{where}timestamp {_show(value)} is out of range"
             ) from None
+    if not _EARLIEST <= parsed < _LATEST:
+        raise PayloadError(
+            BAD_TIMESTAMP,
+            f"{where}timestamp {_show(value)} is outside {_EARLIEST.year}..{_LATEST.year - 1}",
+        )
     return parsed
 
 

@@ -6,6 +6,7 @@ import freezegun
 from tests.harness.broker import mosquitto, mosquitto_factory  # noqa: F401
 from tests.harness.daemon import daemon_factory  # noqa: F401
 from tests.harness.spark import spark_session  # noqa: F401
+from tests.harness.spark_cluster import spark_cluster  # noqa: F401
 
 # freezegun patches time.monotonic in every module it does not ignore; pykka's timeouts (and paho's
 # keep-alive, and py4j's sockets) hang under a frozen monotonic clock (DESIGN §6).

@@ -7,6 +7,7 @@ import urllib.error
 import urllib.request
 
 import pytest
+from prometheus_client.exposition import generate_latest
 
 from actors.clock import SimulatedClock
 from actors.metrics import (
@@ -344,3 +345,25 @@ def test_each_clients_life_cycle_sequence_number_is_exported(board):
         labels = {"connection": client["name"], "client_id": client["client_id"]}
         value = sample(registry, "fxgate_lifecycle_sequence_number", **labels)
         assert value == client["sequence_number"]
+
+
+def test_a_ledger_that_cannot_write_is_unhealthy_at_once_and_exported(board):
+    failing = snapshot()
+    failing["ledger"].update(
+        storage_error="database or disk is full (SQLITE_FULL)",
+        storage_failing_seconds=3.0,
+        storage_backlog=50,
+        storage_failures=4,
+    )
+    board.publish(failing)
+    health = board.health()
+    assert not health.healthy
+    (reason,) = health.reasons
+    assert "inbound ledger cannot write for 3 s (database or disk is full (SQLITE_FULL))" in reason
+    assert "50 message(s) wait in memory" in reason
+    text = generate_latest(build_registry(board)).decode()
+    assert "fxgate_ledger_storage_failing 1.0" in text
+    assert "fxgate_ledger_storage_backlog 50.0" in text
+    assert "fxgate_ledger_storage_failures_total 4.0" in text
+    board.publish(snapshot())
+    assert board.health().healthy

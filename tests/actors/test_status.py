@@ -81,3 +81,38 @@ def test_collect_status_measures_the_table_lag_from_the_oldest_stored_read(tmp_p
     assert report["table_lag_seconds"] == 35.0
     assert report["daemon"] == {"running": False}
     assert "table lag:  35.0 s" in format_status(report)
+
+
+def test_status_says_when_the_ledger_cannot_write_spark_fails_or_a_file_was_found_corrupt():
+    now = 1_800_000_000.0
+    report = running_report(now)
+    report["daemon"]["ledger"].update(
+        storage_error="database or disk is full (SQLITE_FULL)",
+        storage_failing_seconds=42.0,
+        storage_backlog=137,
+    )
+    report["daemon"]["spark"] = {
+        "failures": 4,
+        "total_failures": 9,
+        "last_error": "RuntimeError: Lost executor 0",
+        "next_retry_time": now + 8.0,
+    }
+    report["corrupt_files"] = ["/var/lib/fxgate/outbound.sqlite.corrupt-20261121T101500Z"]
+    text = format_status(report)
+    assert (
+        "STORAGE:    the ledger cannot write for 42 s (database or disk is full (SQLITE_FULL)): "
+        "nothing is acknowledged, 137 message(s) wait in memory" in text
+    )
+    assert "SPARK:      4 failed attempt(s) in a row (9 in all)" in text
+    assert "RuntimeError: Lost executor 0, next retry in 8 s" in text
+    assert "CORRUPT:    /var/lib/fxgate/outbound.sqlite.corrupt-20261121T101500Z" in text
+    healthy = format_status(running_report(now))
+    assert "STORAGE:" not in healthy and "SPARK:" not in healthy and "CORRUPT:" not in healthy
+
+
+def test_collect_status_lists_database_files_moved_aside_as_corrupt(tmp_path):
+    config = load_config(None, environ={"FXGATE__GATEWAY__DATA_DIR": str(tmp_path)})
+    moved = tmp_path / "ledger.sqlite.corrupt-20261121T101500Z"
+    moved.write_bytes(b"garbage")
+    report = collect_status(config)
+    assert report["corrupt_files"] == [str(moved)]

@@ -49,6 +49,52 @@ def wait_until_landed(daemon, data: Path, expected: int, timeout: float = 120.0)
             continue  # the deadline check above reports it, with the state
 
 
+# How long the union wait listens to one gateway's log before it looks at the others: no one
+# condition spans the logs of several processes, so it takes turns.
+_TURN_SECONDS = 1.0
+
+
+def wait_until_landed_union(gateways, expected: int, timeout: float = 240.0) -> None:
+    """Wait until the tables of several gateways together hold `expected` rows and none of their
+    ledgers has anything pending or a batch open: the members of one shared group each land only
+    their share. `gateways` holds (daemon, data dir) pairs; a 'batch written' line of the daemon
+    whose turn it is re-checks at once. Fails at once when a daemon has exited."""
+    deadline = time.monotonic() + timeout
+    for daemon, _ in gateways:
+        daemon.wait_for_log(r"fxgate started", timeout=max(deadline - time.monotonic(), 0.1))
+    turn = 0
+    while True:
+        marks = [daemon.mark() for daemon, _ in gateways]
+        states = [settled(data) for _, data in gateways]
+        if sum(state[0] for state in states) == expected and all(
+            state[1:] == (0, 0) for state in states
+        ):
+            return
+        remaining = deadline - time.monotonic()
+        ended = [data.name for daemon, data in gateways if daemon.proc.poll() is not None]
+        if remaining <= 0 or ended:
+            shown = ", ".join(
+                f"{data.name} {state}" for (_, data), state in zip(gateways, states, strict=True)
+            )
+            tails = "\n".join(
+                f"--- {data.name}:\n" + "\n".join(daemon.output().splitlines()[-30:])
+                for daemon, data in gateways
+            )
+            cause = f"exited: {', '.join(ended)}" if ended else f"after {timeout} s"
+            raise AssertionError(
+                f"(rows, pending, open batches) per gateway: {shown}; expected {expected} rows "
+                f"in all, {cause}; daemon log tails:\n{tails}"
+            )
+        index = turn % len(gateways)
+        turn += 1
+        try:
+            gateways[index][0].wait_for_log(
+                r"batch \d+ written", timeout=min(remaining, _TURN_SECONDS), after=marks[index]
+            )
+        except AssertionError:
+            continue  # another gateway's turn; the checks above report a real stall
+
+
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05) -> bool:
     """Re-check `predicate` until it holds or `timeout` passes: for state that only an actor's
     answer can show (no event to wait on). Returns whether it held."""

@@ -711,3 +711,34 @@ def test_life_cycle_events_reach_the_upstream_broker_on_their_own_topic(
     }
     for kinds in by_topic.values():
         assert "MQTTClientSessionConnected" in kinds
+
+
+def test_an_upstream_topic_mqtt_cannot_carry_is_dead_lettered_and_the_pack_goes_on(tmp_path):
+    """`x/{topic}` on a topic near MQTT's 65,535-byte limit renders one past it: encoding it
+    would raise in the actor at every start; it is given up on and the pack behind it flows."""
+    long_topic = "zebra/fx/" + "r" * 65_520 + "/reads"
+    records = (
+        LedgerRecord(1, "k1", long_topic, b"x", 1, 0.0, 0),
+        LedgerRecord(2, "k2", "zebra/fx/r1/reads", b"y", 1, 0.0, 0),
+    )
+    client = ScriptedClient(answer="PUBACK")
+    writer = Inbox()
+    ref = OutboundLedger.start(
+        tmp_path / "outbound.sqlite",
+        SimulatedClock(),
+        writer,
+        (Route(0, "zebra/fx/+/reads", "x/{topic}"),),
+        "env",
+        processing_timeout=20.0,
+    )
+    try:
+        client.actor = ref
+        ref.proxy().set_client(client).get(timeout=5)
+        ref.tell(SessionStarted(1, True, 65535))
+        ref.tell(PackSealed(Pack(0, records)))
+        (sealed,) = writer.wait_for(1)
+        assert [r.dead_reason for r in sealed.pack.records] == ["invalid_topic", None]
+        assert [key for _, _, _, key, _ in client.sent] == ["k2"]
+        assert ref.is_alive()
+    finally:
+        ref.stop()

@@ -1,5 +1,7 @@
 import shutil
 
+import pytest
+
 from actors.clock import SimulatedClock
 from persistence.inbound_ledger import InboundLedger, TakeReplays
 from persistence.replay import (
@@ -48,7 +50,8 @@ def test_the_ledger_takes_a_request_as_new_rows_under_replay_keys_and_deletes_it
             assert listener.cond.wait_for(lambda: listener.records, 5)
         (record,) = listener.records
         assert (record.message_key, record.payload) == (replay_key("k1", request), b"fixed")
-        assert pending_requests(tmp_path) == []
+        # The rows are handed on at the commit, just before the file is deleted.
+        assert wait_until(lambda: pending_requests(tmp_path) == [], timeout=5)
     finally:
         ledger.stop()
 
@@ -84,5 +87,42 @@ def test_an_unreadable_request_is_moved_aside_not_retried_forever(tmp_path):
         assert wait_until((directory / "broken.invalid").exists, 5)
         assert pending_requests(tmp_path) == []
         assert listener.records == []
+    finally:
+        ledger.stop()
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        '{"message_key": "k", "topic": "zebra/fx/\\udcff/reads", "payload": "", "qos": 1}',
+        '{"message_key": "k", "topic": 7, "payload": "", "qos": 1}',
+        '{"message_key": "k", "topic": "t", "payload": "", "qos": 300}',
+        '{"message_key": "k", "topic": "t", "payload": "", "qos": true}',
+        '{"message_key": "k", "topic": "t", "payload": "not base64!", "qos": 1}',
+        '{"message_key": "k", "topic": "t", "qos": 1}',
+        "[1, 2",
+    ],
+)
+def test_a_hand_written_request_with_a_bad_line_is_refused_as_a_whole(tmp_path, line):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(line + "\n")
+    with pytest.raises((ValueError, KeyError)):
+        read_request(path)
+
+
+def test_the_ledger_moves_a_request_it_cannot_take_aside_and_keeps_running(tmp_path):
+    ledger, listener = start_ledger(tmp_path)
+    try:
+        directory = tmp_path / REPLAY_DIR
+        directory.mkdir()
+        bad = directory / "bad.jsonl"
+        bad.write_text('{"message_key": "k", "topic": "\\ud800", "payload": "", "qos": 1}\n')
+        ledger.tell(TakeReplays(tmp_path))
+        assert wait_until((directory / "bad.invalid").exists, timeout=5)
+        good = write_request(tmp_path, [ReplayMessage("k1", TOPIC, b"fixed", 1)])
+        ledger.tell(TakeReplays(tmp_path))
+        with listener.cond:
+            assert listener.cond.wait_for(lambda: listener.records, 5)
+        assert wait_until(lambda: not good.exists(), timeout=5)
     finally:
         ledger.stop()

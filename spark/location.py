@@ -1,0 +1,92 @@
+"""Where the tables live: a local directory or a Hadoop-compatible URI (`[spark] tables_dir`).
+
+A location is a `Path` when the tables are on this machine's file system (a plain path, or a
+`file:` URI) and the URI text otherwise (`hdfs://namenode/fxgate`, `s3a://bucket/fxgate`). Code
+that can only work locally (removing a killed job's leftovers, `fxgate status` counting rows with
+pyarrow) asks `local_path` and gets None for a remote location.
+
+Spark is always handed a URI (`spark_uri`), never a bare path: Hadoop resolves a bare path against
+`fs.defaultFS`, which a cluster's configuration usually points at HDFS, so `/var/lib/fxgate/tables`
+would be written there while every local reader looked on the gateway's disk.
+
+This module imports nothing heavy: the config loader uses it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from urllib.parse import urlsplit
+
+# RFC 3986 scheme, then ':'; a plain path never starts like that (a ':' after a '/' is not one).
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
+_LOCAL_HOSTS = frozenset({"", "localhost"})
+
+Location = Path | str
+
+
+def has_scheme(text: str) -> bool:
+    return _SCHEME.match(text) is not None
+
+
+def parse_location(text: str) -> Location:
+    """`text` as a location: an absolute `Path` (plain paths are taken relative to the working
+    directory, `~` expanded) or a checked URI. Raises ValueError with what to write instead."""
+    match = _SCHEME.match(text)
+    if match is None:
+        return Path(os.path.abspath(os.path.expanduser(text)))
+    scheme = match.group(1).lower()
+    parts = urlsplit(text)
+    if parts.query or parts.fragment or "?" in text or "#" in text:
+        raise ValueError(f"{text!r}: a tables URI may not hold a query or a fragment")
+    if scheme == "file":
+        return _file_path(text, parts.netloc, parts.path)
+    if not text[match.end() :].startswith("//"):
+        raise ValueError(
+            f"{text!r}: expected {scheme}://<authority>/<path> (or {scheme}:///<path> for the "
+            "cluster's default authority)"
+        )
+    if parts.password is not None:
+        # It would be logged and shown by `fxgate status`; Hadoop refuses it as well.
+        raise ValueError(
+            f"{scheme}://…: credentials may not be written into the URI; give them to Spark "
+            "in [spark.conf] (e.g. spark.hadoop.fs.s3a.access.key) or in the environment"
+        )
+    if not parts.netloc and parts.path in ("", "/"):
+        raise ValueError(f"{text!r}: names no directory")
+    return text.rstrip("/")
+
+
+def _file_path(text: str, host: str, path: str) -> Path:
+    if host.lower() not in _LOCAL_HOSTS:
+        raise ValueError(
+            f"{text!r}: a file: URI names a directory on this machine (file:///path); for "
+            f"another host's disk use a mount or a cluster file system (hdfs://, s3a://)"
+        )
+    if not path.startswith("/"):
+        raise ValueError(f"{text!r}: a file: URI needs an absolute path (file:///path)")
+    # Taken literally, not percent-decoded: Hadoop's Path does the same with the URI it is
+    # given, so the local readers look where Spark wrote.
+    return Path(os.path.normpath(path))
+
+
+def local_path(location: Location) -> Path | None:
+    """The local directory of `location`, or None when it is not on this machine's disk."""
+    if isinstance(location, Path):
+        return Path(os.path.abspath(location))
+    if not has_scheme(location):
+        return Path(os.path.abspath(location))
+    parts = urlsplit(location)
+    if parts.scheme.lower() == "file" and parts.netloc.lower() in _LOCAL_HOSTS:
+        return Path(os.path.normpath(parts.path))
+    return None
+
+
+def spark_uri(location: Location) -> str:
+    """What to hand Spark: a URI with its scheme, so `fs.defaultFS` never decides."""
+    local = local_path(location)
+    if local is None:
+        return str(location).rstrip("/")
+    # Not Path.as_uri(): that percent-encodes, and Hadoop would take '%20' literally.
+    return "file://" + str(local.absolute())

@@ -1,0 +1,205 @@
+"""The gateway writing its tables through a standalone Spark cluster (a master and one worker on
+loopback, tests/harness/spark_cluster.py) to a `file://` URI: reads land, the worker's executor
+runs the tasks, and SIGKILLs of the daemon lose and double nothing."""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from pathlib import Path
+
+import pytest
+
+from actors.simulate import expected_read_ids, simulate
+from persistence.database import open_engine
+from spark.report import compare, landed_ids_arrow, landed_ids_spark
+from spark.session import is_local_master, master_on_loopback
+from spark.tables import READS, read_table_arrow
+from tests.harness.publisher import SoakPublisher
+
+SEED = int(os.environ.get("FXGATE_CLUSTER_SEED", str(random.SystemRandom().randrange(1 << 30))))
+SESSION_STARTED = r"Spark session started: master spark://\S+, application (app-[\w-]+), "
+
+
+def test_only_local_masters_run_the_executors_in_the_driver():
+    assert is_local_master("local") and is_local_master("local[2]") and is_local_master("local[*]")
+    assert not is_local_master("spark://127.0.0.1:7077")
+    assert not is_local_master("localhost")
+
+
+def test_a_master_on_loopback_is_told_from_a_remote_one():
+    assert master_on_loopback("spark://127.0.0.1:7077")
+    assert master_on_loopback("spark://localhost:7077,[::1]:7078")
+    assert not master_on_loopback("spark://127.0.0.1:7077,spark-a.example:7077")
+    assert not master_on_loopback("spark://10.0.0.5:7077")
+    assert not master_on_loopback("local[2]")
+
+
+def cluster_env(broker, cluster, data: Path, tables: Path) -> dict[str, str]:
+    return {
+        "FXGATE__SOURCE__PORT": str(broker.port),
+        "FXGATE__GATEWAY__DATA_DIR": str(data),
+        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
+        "FXGATE__PACKS__MAX_MESSAGES": "50",
+        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+        "FXGATE__SPARK__MASTER": cluster.url,
+        "FXGATE__SPARK__TABLES_DIR": f"file://{tables}",
+        # The worker offers 1 GiB; a smaller executor keeps the shared machine's memory free.
+        "FXGATE__SPARK__CONF__spark.executor.memory": "512m",
+    }
+
+
+def settled(data: Path, tables: str) -> tuple[int, int, int]:
+    """(rows in the reads table, ledger rows not yet landed, batches begun and not committed)."""
+    rows = read_table_arrow(tables, READS).num_rows
+    engine = open_engine(data / "ledger.sqlite", readonly=True)
+    try:
+        with engine.connect() as conn:
+            pending = conn.exec_driver_sql(
+                "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
+            ).scalar()
+            open_batches = conn.exec_driver_sql(
+                "SELECT count(*) FROM batches WHERE state = 'writing'"
+            ).scalar()
+    finally:
+        engine.dispose()
+    return rows, pending, open_batches
+
+
+def wait_until_landed(daemon, data: Path, tables: str, expected: int, timeout: float) -> None:
+    """Re-check on each 'batch written' line until the table holds `expected` rows and the
+    ledger has nothing pending (tests/harness/checks.py does the same for <data>/tables)."""
+    deadline = time.monotonic() + timeout
+    daemon.wait_for_log(r"fxgate started", timeout=timeout)
+    while True:
+        mark = daemon.mark()
+        state = settled(data, tables)
+        if state == (expected, 0, 0):
+            return
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            tail = "\n".join(daemon.output().splitlines()[-60:])
+            raise AssertionError(
+                f"(rows, pending, open batches) = {state}, expected {expected} rows after "
+                f"{timeout} s; daemon log tail:\n{tail}"
+            )
+        try:
+            daemon.wait_for_log(r"batch \d+ written", timeout=remaining, after=mark)
+        except AssertionError:
+            continue  # the deadline check above reports it, with the state
+
+
+@pytest.mark.broker
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_the_daemon_lands_reads_through_a_standalone_master_whose_worker_runs_the_tasks(
+    mosquitto, spark_cluster, daemon_factory, spark_session, tmp_path
+):
+    data, tables = tmp_path / "data", tmp_path / "lake" / "tables"
+    uri = f"file://{tables}"
+    daemon = daemon_factory(cluster_env(mosquitto, spark_cluster, data, tables))
+    started = daemon.wait_for_log(SESSION_STARTED + r".* in ([\d.]+) s", timeout=180)
+    app_id = started.group(1)
+    daemon.wait_for_log(r"driver reachable by the executors at 127\.0\.0\.1:\d+")
+    daemon.wait_for_log(r"source: subscribed", timeout=60)
+
+    published = simulate(mosquitto.host, mosquitto.port, readers=2, rate=0, count=200, qos=2)
+    assert published.failed == 0
+    expected = expected_read_ids(published.published)
+    landing = time.perf_counter()
+    wait_until_landed(daemon, data, uri, len(expected), timeout=180)
+    landed_seconds = time.perf_counter() - landing
+    assert daemon.terminate() == 0
+
+    # The executor of this application ran on the cluster's worker: in local mode there is no
+    # such application at the master and no executor log under the worker's directory.
+    apps = {app["id"]: app for app in spark_cluster.applications()}
+    assert apps[app_id]["name"] == "fxgate"
+    assert spark_cluster.tasks_run(app_id) >= 1, spark_cluster.executor_logs(app_id)
+    assert not (data / "tables").exists()  # the URI was used, not the default location
+    print(
+        f"cluster up in {spark_cluster.start_seconds:.1f} s, session in {started.group(2)} s, "
+        f"400 messages landed {landed_seconds:.1f} s after publishing ended, "
+        f"{spark_cluster.tasks_run(app_id)} tasks on the worker"
+    )
+
+    ids, _ = landed_ids_arrow(uri)
+    assert compare(expected, ids).exact, compare(expected, ids).lines()
+    ids, readers = landed_ids_spark(spark_session, uri)
+    result = compare(expected, ids, readers)
+    assert result.exact, result.lines()
+    assert result.per_reader == {"fx9600-01": 200, "fx9600-02": 200}
+
+
+@pytest.mark.broker
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sigkills_of_a_daemon_writing_through_a_standalone_master_lose_and_double_no_read(
+    mosquitto, spark_cluster, daemon_factory, spark_session, tmp_path
+):
+    rng = random.Random(SEED)
+    # Two kills at exact moments of the Spark leg -- while the job's tasks run on the worker,
+    # and after the job before the ledger knows -- and one at a random moment, in random order.
+    faults = ["mid_spark_job", "after_spark_job_before_mark", "sigkill"]
+    rng.shuffle(faults)
+    print(f"cluster kill seed {SEED} (FXGATE_CLUSTER_SEED replays it): {', '.join(faults)}")
+    data, tables = tmp_path / "data", tmp_path / "lake" / "tables"
+    uri = f"file://{tables}"
+    env = cluster_env(mosquitto, spark_cluster, data, tables)
+    publisher = SoakPublisher(mosquitto.host, mosquitto.port, readers=2, qos=1, rate=100, seed=3)
+    publishing = False
+    apps: list[str] = []
+    moments: list[str] = []  # each killed daemon's last log line, for the report
+    daemons = []
+    try:
+        daemon = None
+        for fault in [*faults, None]:
+            armed = {} if fault in (None, "sigkill") else {"FXGATE_CRASH_AT": f"{fault}:2"}
+            previous, daemon = daemon, daemon_factory({**env, **armed})
+            daemons.append(daemon)
+            apps.append(daemon.wait_for_log(SESSION_STARTED, timeout=180).group(1))
+            if previous is not None and previous.count_logs(r"crash point \w+ reached"):
+                # The batch the crash point interrupted is written again, same id and rows.
+                daemon.wait_for_log(r"replaying batch \d+", timeout=180)
+            if not publishing:
+                daemon.wait_for_log(r"source: subscribed", timeout=180)
+                publisher.start()
+                publishing = True
+            if fault == "sigkill":
+                # Once batches go through the cluster, after a random amount of publishing.
+                daemon.wait_for_log(r"batch \d+ written", timeout=180)
+                assert publisher.wait_for_acks(len(publisher.acked) + rng.randrange(1, 400), 120)
+                moments.append(daemon.output().splitlines()[-1])
+                daemon.kill()
+            elif fault is not None:
+                assert daemon.proc.wait(240) == -9, daemon.output()
+                assert daemon.count_logs(f"crash point {fault} reached") == 1
+                moments.append(daemon.output().splitlines()[-1])
+        publishing = False
+        publisher.stop()
+        expected = expected_read_ids(publisher.acked)
+        assert not publisher.refused
+        wait_until_landed(daemon, data, uri, len(expected), timeout=300)
+        assert daemon.terminate() == 0
+    finally:
+        if publishing:
+            publisher.stop()
+
+    print("killed after:\n  " + "\n  ".join(moments))
+    # Batches begun by a killed daemon and written again, same id, by the next one.
+    replays = sum(daemon.count_logs(r"replaying batch \d+") for daemon in daemons)
+    # Every daemon's writes went through the worker's executors.
+    assert [spark_cluster.tasks_run(app) >= 1 for app in apps] == [True] * (len(faults) + 1)
+    ids, _ = landed_ids_arrow(uri)
+    plain = compare(expected, ids)
+    ids, readers = landed_ids_spark(spark_session, uri)
+    through_spark = compare(expected, ids, readers)
+    print(
+        f"{len(faults)} SIGKILLs, {replays} batch(es) replayed, {len(expected)} reads published "
+        f"and acknowledged, {through_spark.landed} landed, {len(through_spark.missing)} "
+        f"missing, {len(through_spark.duplicates)} duplicates"
+    )
+    assert plain.exact, plain.lines()
+    assert through_spark.exact, through_spark.lines()
