@@ -122,6 +122,16 @@ def dead_letters() -> None:
     """Messages that could not become reads, or could not be forwarded, and why."""
 
 
+def _dead_letters(config, reason: str | None):
+    from actors.dead_letters import load_dead_letters
+    from spark.tables import TablesNotReadable
+
+    try:
+        return load_dead_letters(config.spark.tables_path(config.gateway.data_path), reason)
+    except TablesNotReadable as error:
+        raise click.ClickException(f"cannot read the dead letters here: {error}") from None
+
+
 @dead_letters.command("list")
 @config_option
 @click.option("--reason", default=None, help="only this reason (e.g. invalid_json, expired)")
@@ -129,10 +139,10 @@ def dead_letters() -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def dead_letters_list(config_path: Path | None, reason: str | None, limit: int, as_json: bool):
     """Counts per reason, then the newest dead letters with a preview of their payload."""
-    from actors.dead_letters import dead_letters_json, format_dead_letters, load_dead_letters
+    from actors.dead_letters import dead_letters_json, format_dead_letters
 
     config = _load(config_path)
-    letters = load_dead_letters(config.spark.tables_path(config.gateway.data_path), reason)
+    letters = _dead_letters(config, reason)
     if as_json:
         click.echo(json.dumps(dead_letters_json(letters, limit), indent=2, sort_keys=True))
     else:
@@ -152,13 +162,12 @@ def dead_letters_replay(
 
     Writes a request into the data directory; the running daemon takes it within a second, or
     the next start does."""
-    from actors.dead_letters import load_dead_letters
     from persistence.replay import ReplayMessage, write_request
 
     if not (reason or keys or everything):
         raise click.UsageError("say which: --reason, --key (repeatable) or --all")
     config = _load(config_path)
-    letters = load_dead_letters(config.spark.tables_path(config.gateway.data_path), reason)
+    letters = _dead_letters(config, reason)
     if keys:
         letters = [d for d in letters if d.message_key in set(keys)]
     chosen = [d for d in letters if d.payload is not None]

@@ -33,6 +33,7 @@ from actors.clock import Clock, RealClock, TimerHandle
 from actors.config import Config
 from actors.metrics import HealthThresholds, MetricsServer, StatusBoard
 from actors.supervisor import ActorCrashed, Supervisor
+from persistence.storage_faults import corrupt_files
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ STATUS_INTERVAL = 1.0
 # Distinct from 1 (crash budget spent) so that an operator reading `systemctl status` can tell
 # a hung stop from a crash loop.
 EXIT_STOP_TIMEOUT = 3
+# A database file was found corrupt and moved aside (persistence.storage_faults): no restart can
+# help until the operator salvages or removes it, so a service manager must not retry.
+EXIT_CORRUPT_DATABASE = 4
 
 
 def configure_logging(level: str) -> None:
@@ -220,6 +224,19 @@ class Gateway:
             )
             self.metrics = None
 
+    def _corrupt_database(self) -> bool:
+        """Whether a failed start or a crash comes from a database file moved aside as corrupt;
+        says so in one line (the ERROR before it has the file and what to do)."""
+        moved = corrupt_files(self.config.gateway.data_path)
+        if moved:
+            log.critical(
+                "not restarting: %s found corrupt and moved aside (%s); salvage or remove it, "
+                "then start again (README, 'Storage faults')",
+                "database file" if len(moved) == 1 else "database files",
+                ", ".join(p.name for p in moved),
+            )
+        return bool(moved)
+
     def run(self) -> int:
         cfg = self.config.gateway
         budget = RestartBudget(cfg.max_restarts, cfg.restart_window_seconds)
@@ -233,6 +250,9 @@ class Gateway:
                 try:
                     self.supervisor.check_alive()
                 except ActorCrashed as error:
+                    if self._corrupt_database():
+                        code = EXIT_CORRUPT_DATABASE
+                        break
                     if not budget.allow(self.clock.monotonic()):
                         log.error(
                             "%s: %d restart(s) within %.0f s already; giving up",
@@ -254,8 +274,11 @@ class Gateway:
                 self._wake.wait()
                 self._wake.clear()
         except Exception:
-            log.exception("fxgate failed")
-            code = 1
+            if self._corrupt_database():
+                code = EXIT_CORRUPT_DATABASE
+            else:
+                log.exception("fxgate failed")
+                code = 1
         finally:
             # Armed here, not in the signal handler: the clock takes a lock that the interrupted
             # main thread may hold. Every way out of the loop passes here.

@@ -13,6 +13,18 @@ from datetime import datetime
 from pathlib import Path
 
 PAYLOAD_PREVIEW = 80
+# Topics and details come from the readers' side: shown no longer than this, and escaped, so a
+# hostile topic can neither flood the terminal nor steer it with control sequences.
+TEXT_PREVIEW = 200
+
+
+def shown(text: str | None, limit: int = TEXT_PREVIEW) -> str:
+    """`text` safe to print on a terminal: non-printable characters escaped, long text cut."""
+    if text is None:
+        return ""
+    cut = text[:limit]
+    safe = "".join(c if c.isprintable() else c.encode("unicode_escape").decode() for c in cut)
+    return safe + ("…" if len(text) > limit else "")
 
 
 @dataclass(frozen=True)
@@ -66,8 +78,8 @@ def format_dead_letters(letters: list[DeadLetter], limit: int) -> str:
     for letter in letters[:limit]:
         when = letter.received_time.isoformat() if letter.received_time else "-"
         lines.append(
-            f"{when}  {letter.reason}  {letter.topic}  key {letter.message_key}  "
-            f"batch {letter.batch_id}  {letter.detail or ''}".rstrip()
+            f"{when}  {shown(letter.reason)}  {shown(letter.topic)}  key {letter.message_key}  "
+            f"batch {letter.batch_id}  {shown(letter.detail)}".rstrip()
         )
         lines.append(f"    payload {letter.preview()}")
     if len(letters) > limit:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from actors.config import Config
 from actors.daemon import status_path
+from persistence.storage_faults import corrupt_files
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -92,14 +93,7 @@ def collect_status(config: Config, now: float | None = None) -> dict:
         snapshot = json.loads(path.read_text())
         daemon = {**snapshot, "running": _pid_alive(snapshot.get("pid"))}
     ledger = _ledger(config.gateway.ledger_path)
-    from persistence.storage_faults import corrupt_leftovers
-
-    data = config.gateway.data_path
-    corrupt = [
-        str(p)
-        for name in ("ledger.sqlite", "outbound.sqlite", "lifecycle.sqlite")
-        for p in corrupt_leftovers(data / name)
-    ]
+    corrupt = [str(p) for p in corrupt_files(config.gateway.data_path)]
     oldest = ledger.get("oldest_pending_received_time")
     return {
         "now": now,

@@ -98,6 +98,15 @@ def describe(error: BaseException) -> str:
     return f"{text} ({name})" if name else text
 
 
+# The SQLite files of a data directory that `check_database` guards.
+DATABASE_FILES = ("ledger.sqlite", "outbound.sqlite", "lifecycle.sqlite")
+
+
+def corrupt_files(data_dir: Path) -> list[Path]:
+    """Every file of `data_dir` moved aside as corrupt and still waiting for the operator."""
+    return [p for name in DATABASE_FILES for p in corrupt_leftovers(Path(data_dir) / name)]
+
+
 def corrupt_leftovers(path: Path) -> list[Path]:
     """Files moved aside by an earlier `check_database` of `path`, oldest first."""
     path = Path(path)

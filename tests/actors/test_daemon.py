@@ -178,3 +178,23 @@ def test_one_crash_more_than_the_budget_stops_the_daemon_with_status_1(gateway_r
     assert result["code"] == 1
     assert "actor ledger died" in caplog.text
     assert "giving up" in caplog.text
+
+
+@pytest.mark.broker
+def test_a_corrupt_ledger_ends_the_start_with_exit_4_and_every_later_start_too(
+    mosquitto, daemon_factory, tmp_path
+):
+    """Not the restart budget's exit 1: systemd's RestartPreventExitStatus keeps exit 4 from a
+    loop, and the file is never recreated empty behind the operator's back."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "ledger.sqlite").write_bytes(b"this is not a SQLite database\n" * 200)
+    env = {"FXGATE__SOURCE__PORT": str(mosquitto.port), "FXGATE__GATEWAY__DATA_DIR": str(data)}
+    for attempt in ("the start that finds it", "a later start"):
+        daemon = daemon_factory(env)
+        assert daemon.proc.wait(120) == 4, (attempt, daemon.output()[-3000:])
+        assert daemon.count_logs(r"CRITICAL .*not restarting: database file found corrupt") == 1
+        assert daemon.count_logs("restarting all actors") == 0
+    moved = sorted(p.name for p in data.iterdir() if ".corrupt-" in p.name)
+    assert len(moved) == 1 and moved[0].startswith("ledger.sqlite.corrupt-")
+    assert not (data / "ledger.sqlite").exists()

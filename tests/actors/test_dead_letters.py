@@ -13,9 +13,9 @@ from spark.tables import DEAD_LETTERS, PARTITION_SCHEMA, table_path
 TOPIC = "zebra/fx/fx9600-01/reads"
 
 
-def write_dead_letters(tables_dir, batch_id, payloads, received=1_800_000_000.0):
+def write_dead_letters(tables_dir, batch_id, payloads, received=1_800_000_000.0, topic=TOPIC):
     records = [
-        LedgerRecord(i, f"key{batch_id}-{i}", TOPIC, payload, 1, received + i, 1)
+        LedgerRecord(i, f"key{batch_id}-{i}", topic, payload, 1, received + i, 1)
         for i, payload in enumerate(payloads)
     ]
     dead = build_batch(records, batch_id).dead_letters
@@ -110,3 +110,26 @@ def test_replay_needs_a_selection_and_a_dry_run_writes_nothing(tmp_path):
     assert result.exit_code == 0
     assert "would replay 1 dead letter(s)" in result.output
     assert pending_requests(tmp_path / "data") == []
+
+
+def test_a_hostile_topic_is_listed_escaped_and_cut_never_raw_on_the_terminal(tmp_path):
+    tables = tmp_path / "data" / "tables"
+    # ESC [2J clears a terminal; the reader level is 5,000 characters long.
+    topic = "zebra/fx/\x1b[2J" + "r" * 5000 + "/reads"
+    write_dead_letters(tables, 1, [b"not json"], topic=topic)
+    result = run_cli(tmp_path)
+    assert result.exit_code == 0, result.output
+    assert "\x1b" not in result.output
+    assert "zebra/fx/\\x1b[2J" in result.output
+    assert max(len(line) for line in result.output.splitlines()) < 600
+
+
+def test_tables_this_machine_cannot_read_are_a_clear_error_not_a_traceback(tmp_path):
+    env = {
+        "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+        "FXGATE__SPARK__TABLES_DIR": "hdfs://namenode:8020/fxgate/tables",
+    }
+    result = CliRunner().invoke(main, ["dead-letters", "list"], env=env)
+    assert result.exit_code == 1
+    assert "cannot read the dead letters here" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)

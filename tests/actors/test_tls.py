@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import stat
 import subprocess
 import threading
@@ -464,13 +465,16 @@ def test_secret_key_files_are_expected_private_in_production(certs, tmp_path):
 
 
 @pytest.mark.spark
-def test_a_gateway_over_tls_with_a_password_file_lands_reads_and_shows_no_secret_anywhere(
+def test_a_gateway_over_tls_both_ways_lands_and_forwards_reads_and_shows_no_secret_anywhere(
     mosquitto_factory, certs, spark_session, tmp_path, caplog
 ):
+    """Source: TLS with a password file. Upstream: mutual TLS. With forwarding on, a read lands
+    only once the upstream broker acknowledged it, so landing all of them proves both legs."""
     broker = mosquitto_factory(
         password_file=mosquitto_passwords(tmp_path / "passwd", "gateway", SECRET),
         tls=server_tls(certs),
     )
+    upstream = mosquitto_factory(tls=server_tls(certs, mutual=True), debug_log=True)
     secret_file = tmp_path / "source-password"
     secret_file.write_text(SECRET + "\n")
     secret_file.chmod(0o600)
@@ -483,6 +487,15 @@ def test_a_gateway_over_tls_with_a_password_file_lands_reads_and_shows_no_secret
             "FXGATE__SOURCE__PASSWORD_FILE": str(secret_file),
             "FXGATE__SOURCE__TLS": "true",
             "FXGATE__SOURCE__TLS_CA_FILE": str(certs.ca),
+            "FXGATE__UPSTREAM__HOST": "127.0.0.1",
+            "FXGATE__UPSTREAM__PORT": str(upstream.port),
+            "FXGATE__UPSTREAM__TLS": "true",
+            "FXGATE__UPSTREAM__TLS_CA_FILE": str(certs.ca),
+            "FXGATE__UPSTREAM__TLS_CERT_FILE": str(certs.client.cert),
+            "FXGATE__UPSTREAM__TLS_KEY_FILE": str(certs.client.key),
+            "FXGATE__ROUTES__0__SOURCE": "zebra/fx/+/reads",
+            "FXGATE__ROUTES__0__TARGET": "cloud/{environment}/{reader}",
+            "FXGATE__ROUTES__0__QOS": "1",
             "FXGATE__GATEWAY__DATA_DIR": str(data),
             "FXGATE__PACKS__LINGER_SECONDS": "0.2",
             "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
@@ -506,18 +519,24 @@ def test_a_gateway_over_tls_with_a_password_file_lands_reads_and_shows_no_secret
         report["daemon"] = {**status, "running": True}
         shown = format_status(report)
         assert "source:     connected" in shown
+        assert "upstream:   connected" in shown
     finally:
         supervisor.stop()
         clock.close()
 
     logged = "\n".join(r.getMessage() for r in caplog.records)
     assert "source: connected to 127.0.0.1" in logged
+    assert "upstream: connected to 127.0.0.1" in logged
+    forwarded = re.findall(
+        r"Received PUBLISH from fxgate-upstream\S* \(d0, q1, r0, m\d+, 'cloud/", upstream.output()
+    )
+    assert len(forwarded) == 20
     for text in (logged, json.dumps(status), shown, "\n".join(config.summary_lines())):
         assert SECRET not in text
     # Owner-only storage: the data dir, every SQLite file (and -wal/-shm), the tables dir.
     assert stat.S_IMODE(os.stat(data).st_mode) == 0o700
     sqlite_files = sorted(p.name for p in data.iterdir() if ".sqlite" in p.name)
-    assert {"ledger.sqlite", "lifecycle.sqlite"} <= set(sqlite_files)
+    assert {"ledger.sqlite", "lifecycle.sqlite", "outbound.sqlite"} <= set(sqlite_files)
     assert {name: stat.S_IMODE(os.stat(data / name).st_mode) for name in sqlite_files} == {
         name: 0o600 for name in sqlite_files
     }
