@@ -240,6 +240,20 @@ class _BrokerSection(_Section):
         return None if value is None else os.path.abspath(os.path.expanduser(value))
 
 
+def read_password_file(path: str) -> str:
+    """The password in the file at `path` (a `password_file` key), without its trailing
+    newline; the connection reads it at each connect, `load_config` once to check it. Raises
+    OSError, or ValueError saying what is wrong with the content without showing it."""
+    try:
+        text = Path(path).read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError("the file is not UTF-8 text") from None
+    password = text.rstrip("\r\n")
+    if not password:
+        raise ValueError("the file is empty (it must hold the password)")
+    return password
+
+
 class SourceConfig(_BrokerSection):
     host: NonEmptyStr = "127.0.0.1"
     port: int = Field(1883, ge=1, le=65535)
@@ -904,9 +918,7 @@ def _security_errors(
             continue
         # Never echo a password_file value: it may be the password itself, in the wrong key.
         shown = "the file" if key == "password_file" else path
-        problem = _unreadable(path)
-        if problem is None and key == "password_file":
-            problem = _password_file_problem(path)
+        problem = _password_file_problem(path) if key == "password_file" else _unreadable(path)
         if problem is not None:
             where = "" if key == "password_file" else f"{path}: "
             errors.append(f"{name}.{key}: {where}{problem}")
@@ -927,27 +939,29 @@ def _unreadable(path: str) -> str | None:
     try:
         with open(path, "rb"):
             return None
-    except FileNotFoundError:
-        return "no such file"
-    except IsADirectoryError:
-        return "is a directory, not a file"
-    except PermissionError:
-        return "not readable by this user (permission denied)"
     except OSError as error:
-        return f"cannot be read: {error.strerror}"
+        return _os_problem(error)
 
 
 def _password_file_problem(path: str) -> str | None:
-    # What is read is checked, never shown.
+    # Read as the connection reads it; what is read is checked, never shown.
     try:
-        text = Path(path).read_bytes().decode("utf-8")
-    except UnicodeDecodeError:
-        return "the file is not UTF-8 text"
+        read_password_file(path)
     except OSError as error:
-        return f"cannot be read: {error.strerror}"
-    if not text.rstrip("\r\n"):
-        return "the file is empty (it must hold the password)"
+        return _os_problem(error)
+    except ValueError as error:
+        return str(error)
     return None
+
+
+def _os_problem(error: OSError) -> str:
+    if isinstance(error, FileNotFoundError):
+        return "no such file"
+    if isinstance(error, IsADirectoryError):
+        return "is a directory, not a file"
+    if isinstance(error, PermissionError):
+        return "not readable by this user (permission denied)"
+    return f"cannot be read: {error.strerror}"
 
 
 def _group_or_world_mode(path: str) -> int | None:

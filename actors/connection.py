@@ -23,7 +23,6 @@ import re
 import ssl
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pykka
 from paho.mqtt.enums import MQTTErrorCode
@@ -33,6 +32,7 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
+from actors.config import read_password_file
 from actors.intake import IntakeGate, packet_size
 from actors.lifecycle import SessionConnected, SessionDisconnected
 from actors.lifecycle_reasons import (
@@ -199,19 +199,6 @@ class _TlsErrorHandler(logging.Handler):
         error = next((a for a in args if isinstance(a, ssl.SSLError)), None)
         if error is not None:
             self._tell(_TlsError(self._client.epoch, describe_tls_error(error)))
-
-
-def read_password_file(path: str) -> str:
-    """The password in `path`, without its trailing newline. Raises OSError or ValueError with
-    the file named (never the content)."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except UnicodeDecodeError:
-        raise ValueError(f"password file {path} is not UTF-8 text") from None
-    password = text.rstrip("\r\n")
-    if not password:
-        raise ValueError(f"password file {path} is empty")
-    return password
 
 
 @dataclass(frozen=True)
@@ -510,8 +497,10 @@ class ConnectionActor(pykka.ThreadingActor):
             try:
                 client.username_pw_set(s.username, read_password_file(s.password_file))
             except (OSError, ValueError) as error:
-                self._last_reason = f"password file unreadable: {error}"
-                log.error("%s: cannot read the password file: %s", s.name, error)
+                # An OSError names the file; a problem with its content does not.
+                problem = error if isinstance(error, OSError) else f"{s.password_file}: {error}"
+                self._last_reason = f"password file unreadable: {problem}"
+                log.error("%s: cannot read the password file: %s", s.name, problem)
                 self._schedule_reconnect()
                 return
         try:

@@ -13,11 +13,10 @@ import string
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from spark.zebra import reader_id_from_topic
+from spark.zebra import MAX_TOPIC_BYTES, reader_id_from_topic
 
 PLACEHOLDERS = ("topic", "reader", "environment")
 DEFAULT_TARGET = "{topic}"
-MAX_TOPIC_BYTES = 65535  # MQTT 5 §1.5.4: a UTF-8 string has a two-byte length
 
 
 def check_topic_filter(value: str) -> str:

@@ -99,14 +99,19 @@ counters = Table(
 SYNCHRONOUS = {"process": "NORMAL", "power": "FULL"}
 
 
+def _prepare_file(path: Path) -> None:
+    """What both openers below do before a writer opens the database at `path`."""
+    private_directory(path.parent)  # owner-only: the data dir holds every read's payload
+    check_database(path)  # a corrupt file is moved aside and refused, never recreated empty
+    private_file(path)  # 0600 before SQLite opens it: its -wal and -shm inherit the mode
+
+
 def connect_sqlite(path: Path, durability: str, schema: str) -> sqlite3.Connection:
     """A plain sqlite3 connection for an actor that owns a small file of its own (the outbound
     ledger, the life-cycle actor): WAL, the durability's synchronous level, the schema created.
     Call it in the owning actor's thread (on_start)."""
     path = Path(path)
-    private_directory(path.parent)  # owner-only: the data dir holds every read's payload
-    check_database(path)  # a corrupt file is moved aside and refused, never recreated empty
-    private_file(path)  # 0600 before SQLite opens it: its -wal and -shm inherit the mode
+    _prepare_file(path)
     db = sqlite3.connect(path)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
@@ -126,9 +131,7 @@ def open_engine(path: Path, durability: str = "process", readonly: bool = False)
     if readonly:
         url = f"sqlite:///file:{path}?mode=ro&uri=true"
     else:
-        private_directory(path.parent)  # owner-only: the data dir holds every read's payload
-        check_database(path)  # a corrupt file is moved aside and refused, never recreated empty
-        private_file(path)  # 0600 before SQLite opens it: its -wal and -shm inherit the mode
+        _prepare_file(path)
         url = f"sqlite:///{path}"
     engine = create_engine(url)
 

@@ -46,7 +46,7 @@ from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
 from persistence import database as db
 from persistence.keys import message_key as default_message_key
 from persistence.replay import pending_requests, read_request, replay_key
-from persistence.storage_faults import StorageUnavailable, describe, is_storage_fault
+from persistence.storage_faults import StorageUnavailable, cannot_open, describe, is_storage_fault
 
 log = logging.getLogger(__name__)
 
@@ -260,12 +260,9 @@ class InboundLedger(pykka.ThreadingActor):
         except Exception as error:
             if not is_storage_fault(error):
                 raise
-            message = (
-                f"cannot open {self._path}: {describe(error)}; is {self._path.parent} mounted, "
-                "writable and not full?"
-            )
-            log.error("inbound ledger: %s", message)
-            raise StorageUnavailable(message) from error
+            unavailable = cannot_open(self._path, error)
+            log.error("inbound ledger: %s", unavailable)
+            raise unavailable from error
         # Per-message statements go straight to sqlite3, inside the transaction SQLAlchemy
         # opened: SQLAlchemy's per-statement work cost more than the insert itself (py-spy, the
         # ingest benchmark).
@@ -405,13 +402,9 @@ class InboundLedger(pykka.ThreadingActor):
                 self._on_publish(message.packet, message.acks)
             else:
                 self._on_pubrel(message.packet, message.acks)
-        except _StorageFailed:
-            raise
         except Exception as error:
-            if not is_storage_fault(error):
-                raise
-            self._fail(error)
-            raise _StorageFailed from error
+            self._fail_on_storage_fault(error)
+            raise
 
     # -- storage faults ---------------------------------------------------------------------
 
@@ -420,11 +413,14 @@ class InboundLedger(pykka.ThreadingActor):
         """Turn a storage fault raised inside into `_fail` + _StorageFailed; others go up."""
         try:
             yield
-        except _StorageFailed:
-            raise
         except Exception as error:
-            if not is_storage_fault(error):
-                raise
+            self._fail_on_storage_fault(error)
+            raise
+
+    def _fail_on_storage_fault(self, error: Exception) -> None:
+        """For a storage fault: `_fail`, then raise _StorageFailed. Returns for anything else
+        (a _StorageFailed from deeper down included), which the caller re-raises."""
+        if not isinstance(error, _StorageFailed) and is_storage_fault(error):
             self._fail(error)
             raise _StorageFailed from error
 
@@ -469,11 +465,9 @@ class InboundLedger(pykka.ThreadingActor):
     def _schedule_storage_retry(self) -> None:
         if self._storage_timer is None:
             delay = self._storage_backoff.next_delay()
-            self._storage_timer = self._clock.call_later(
-                delay, lambda: self._tell_self(_RetryStorage())
-            )
+            self._storage_timer = self._clock.call_later(delay, lambda: self._tell(_RetryStorage()))
 
-    def _tell_self(self, message: object) -> None:
+    def _tell(self, message: object) -> None:
         try:
             self.actor_ref.tell(message)
         except pykka.ActorDeadError:
@@ -506,14 +500,13 @@ class InboundLedger(pykka.ThreadingActor):
                         self._taken(message)
             self._commit()
             if self._backlog:
-                self._tell_self(_Drain())
+                self._tell(_Drain())
                 return
             if self._failing is not None and not final:
                 self._probe()
+                self._recovered()
         except _StorageFailed:
-            return
-        if self._failing is not None and not final:
-            self._recovered()
+            pass
 
     def _probe(self) -> None:
         """A tiny write that proves the storage takes writes again (the backlog may have held
@@ -698,13 +691,9 @@ class InboundLedger(pykka.ThreadingActor):
             # Queued behind every packet already in the mailbox: the group is whatever arrived.
             self.actor_ref.tell(_Flush())
         else:
-            self._flush_timer = self._clock.call_later(self._group_delay, self._tell_flush)
-
-    def _tell_flush(self) -> None:
-        try:
-            self.actor_ref.tell(_Flush())
-        except pykka.ActorDeadError:
-            pass
+            self._flush_timer = self._clock.call_later(
+                self._group_delay, lambda: self._tell(_Flush())
+            )
 
     def _commit(self) -> None:
         """Commit the open transaction, then release what waited for it: acks, then records.

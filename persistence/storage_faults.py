@@ -90,6 +90,13 @@ def is_corruption(error: BaseException) -> bool:
     return "not a database" in text or "malformed" in text
 
 
+def cannot_open(path: Path, error: BaseException) -> StorageUnavailable:
+    """The StorageUnavailable for a database file a storage fault keeps from opening."""
+    return StorageUnavailable(
+        f"cannot open {path}: {describe(error)}; is {path.parent} mounted, writable and not full?"
+    )
+
+
 def describe(error: BaseException) -> str:
     """One line for an operator: SQLite's message and its result code's name."""
     error = sqlite_error(error)
@@ -120,11 +127,11 @@ def corrupt_leftovers(path: Path) -> list[Path]:
     )
 
 
-def move_aside(path: Path, now: datetime | None = None) -> Path:
+def move_aside(path: Path) -> Path:
     """Rename `path` and its -wal/-shm to `<name>.corrupt-<UTC time>[-wal|-shm]`; returns the
     new name of the main file. The WAL goes with it: it may hold the newest committed rows."""
     path = Path(path)
-    stamp = (now or datetime.now(UTC)).strftime("%Y%m%dT%H%M%SZ")
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     target = path.with_name(f"{path.name}{CORRUPT_MARK}{stamp}")
     n = 1
     while target.exists():
@@ -168,10 +175,7 @@ def check_database(path: Path) -> None:
     except sqlite3.DatabaseError as error:
         if not is_corruption(error):
             if is_storage_fault(error):
-                raise StorageUnavailable(
-                    f"cannot open {path}: {describe(error)}; is {path.parent} mounted, "
-                    "writable and not full?"
-                ) from error
+                raise cannot_open(path, error) from error
             raise
         problems = [describe(error)]
     if not problems:

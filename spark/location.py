@@ -26,10 +26,6 @@ _LOCAL_HOSTS = frozenset({"", "localhost"})
 Location = Path | str
 
 
-def has_scheme(text: str) -> bool:
-    return _SCHEME.match(text) is not None
-
-
 def parse_location(text: str) -> Location:
     """`text` as a location: an absolute `Path` (plain paths are taken relative to the working
     directory, `~` expanded) or a checked URI. Raises ValueError with what to write instead."""
@@ -73,9 +69,7 @@ def _file_path(text: str, host: str, path: str) -> Path:
 
 def local_path(location: Location) -> Path | None:
     """The local directory of `location`, or None when it is not on this machine's disk."""
-    if isinstance(location, Path):
-        return Path(os.path.abspath(location))
-    if not has_scheme(location):
+    if isinstance(location, Path) or _SCHEME.match(location) is None:
         return Path(os.path.abspath(location))
     parts = urlsplit(location)
     if parts.scheme.lower() == "file" and parts.netloc.lower() in _LOCAL_HOSTS:

@@ -37,6 +37,7 @@ from actors.pack import Pack, PackSealed
 from persistence.inbound_ledger import LedgerRecord, Pause, Resume
 from persistence.keys import READ_KEYS
 from persistence.storage_faults import StorageUnavailable
+from spark.location import local_path
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -155,21 +156,21 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._pending_bytes = 0
         self._deadline_timer: TimerHandle | None = None
         self._generation = 0
-        self._failed: ReplayBatch | None = None  # waiting for its retry
+        self._failed: ReplayBatch | None = None  # waiting for its retry (`_retry_timer`)
         self._session = None
         self._tables: TableWriter | None = None
         self.last_batch: BatchWritten | None = None
         self.failures = 0
         self._on_health = on_health
         self._health = WriterHealth()
-        # While a retry is due, nothing else is written: batches stay in order.
+        # While a retry is due, nothing else is written: batches stay in order. Set whenever
+        # `_failed` is, and also for a batch the ledger could not begin (no `_failed` then).
         self._retry_timer: TimerHandle | None = None
         self._replays: deque[ReplayBatch] = deque()
 
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
-        from spark.location import local_path
         from spark.tables import TableWriter, clean_staging
 
         if self._table_writer is None:
@@ -230,11 +231,10 @@ class SparkWriterActor(pykka.ThreadingActor):
                 self._deadline_timer = None
                 self._flush()
         elif isinstance(message, ReplayBatch):
-            if self._failed is not None or self._retry_timer is not None:
+            if self._retry_timer is not None:
                 self._replays.append(message)  # after the one that waits, in order
                 return
-            log.info("replaying batch %d (%d messages)", message.batch_id, len(message.records))
-            self._write(message)
+            self._replay(message)
         elif isinstance(message, _Retry):
             self._retry_timer = None
             failed, self._failed = self._failed, None
@@ -242,14 +242,16 @@ class SparkWriterActor(pykka.ThreadingActor):
                 log.info("retrying batch %d (attempt %d)", failed.batch_id, self.failures + 1)
                 self._ensure_session()
                 self._write(failed)
-            while self._replays and self._failed is None and self._retry_timer is None:
-                replay = self._replays.popleft()
-                log.info("replaying batch %d (%d messages)", replay.batch_id, len(replay.records))
-                self._write(replay)
-            if self._failed is None:
+            while self._replays and self._retry_timer is None:
+                self._replay(self._replays.popleft())
+            if self._retry_timer is None:
                 self._flush()
         else:
             log.warning("spark writer ignored %r", message)
+
+    def _replay(self, batch: ReplayBatch) -> None:
+        log.info("replaying batch %d (%d messages)", batch.batch_id, len(batch.records))
+        self._write(batch)
 
     def _tell(self, message: object) -> None:
         try:
@@ -274,7 +276,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._deadline_timer.cancel()
             self._deadline_timer = None
         self._generation += 1
-        if not self._pending or self._failed is not None or self._retry_timer is not None:
+        if not self._pending or self._retry_timer is not None:
             return
         packs, self._pending, self._pending_messages = self._pending, [], 0
         self._pending_bytes = 0

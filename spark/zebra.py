@@ -118,10 +118,14 @@ def parse_payload(
         text = bytes(payload).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise PayloadError(INVALID_UTF8, f"at byte {exc.start}: {exc.reason}") from None
-    # A document cannot nest deeper than it has opening brackets: only a payload with many of
-    # them (a large batch, or an attack) needs its depth measured, and it is measured on the
-    # text, before the decoder recurses into it.
-    if text.count("[") + text.count("{") > MAX_NESTING and _text_depth(text) > MAX_NESTING:
+    # A document cannot nest deeper than it has opening brackets, nor have more of them than
+    # characters: only a payload with many (a large batch, or an attack) needs its depth
+    # measured, and it is measured on the text, before the decoder recurses into it.
+    if (
+        len(text) > MAX_NESTING
+        and text.count("[") + text.count("{") > MAX_NESTING
+        and _text_depth(text) > MAX_NESTING
+    ):
         raise PayloadError(NESTED_TOO_DEEP, f"nested deeper than {MAX_NESTING} levels")
     try:
         doc = _DECODER.decode(text)

@@ -5,7 +5,7 @@ import pytest
 
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
-from actors.connection import ConnectionActor, ConnectionSettings, SessionEnded, SessionStarted
+from actors.connection import ConnectionSettings, SessionEnded, SessionStarted
 from actors.mqtt_client import AckKind, InboundPublish, InboundPubrel
 from tests.harness.mqtt import publish_all
 
@@ -77,21 +77,6 @@ def settings(broker, **overrides):
         "qos": 2,
     }
     return ConnectionSettings(**{**base, **overrides})
-
-
-@pytest.fixture
-def actors():
-    started = []
-
-    def start(*args, **kwargs):
-        ref = ConnectionActor.start(*args, **kwargs)
-        started.append(ref)
-        return ref
-
-    yield start
-    for ref in started:
-        if ref.is_alive():
-            ref.stop()
 
 
 def test_connects_with_clean_start_false_and_a_session_expiry(mosquitto, actors):

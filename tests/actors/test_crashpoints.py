@@ -11,6 +11,7 @@ from actors import crashpoints
 from actors.simulate import expected_read_ids, simulate
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from tests.harness.checks import wait_until_landed
+from tests.harness.daemon import gateway_env
 from tests.harness.mqtt import publish_all
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,16 +35,6 @@ def test_a_crash_point_counts_its_hits_before_it_fires(monkeypatch):
         assert fired == ["mid_spark_job"]
     finally:
         crashpoints.arm(None)
-
-
-def gateway_env(broker, data: Path) -> dict[str, str]:
-    return {
-        "FXGATE__SOURCE__PORT": str(broker.port),
-        "FXGATE__GATEWAY__DATA_DIR": str(data),
-        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
-        "FXGATE__PACKS__MAX_MESSAGES": "50",
-        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
-    }
 
 
 CASES = [

@@ -29,7 +29,7 @@ from actors.config import load_config
 from actors.simulate import SimulationResult, expected_read_ids, simulate
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from tests.harness.checks import settled, wait_until_landed_union
-from tests.harness.daemon import DaemonProcess
+from tests.harness.daemon import DaemonProcess, gateway_env
 from tests.harness.mqtt import publish_all
 
 HOST = "gw-host"
@@ -267,18 +267,14 @@ class Gateway:
     daemon: DaemonProcess | None = None
 
 
-def gateway_env(broker, data: Path, environment: str, instance: str) -> dict[str, str]:
+def member_env(broker, data: Path, environment: str, instance: str) -> dict[str, str]:
     return {
-        "FXGATE__SOURCE__PORT": str(broker.port),
+        **gateway_env(broker, data),
         "FXGATE__SOURCE__ENVIRONMENT_ID": environment,
         "FXGATE__SOURCE__INSTANCE_ID": instance,
         "FXGATE__SOURCE__SHARED_SUBSCRIPTION_GROUP": GROUP,
         "FXGATE__SOURCE__RECONNECT_MIN_DELAY_SECONDS": "0.2",
         "FXGATE__SOURCE__RECONNECT_MAX_DELAY_SECONDS": "2.0",
-        "FXGATE__GATEWAY__DATA_DIR": str(data),
-        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
-        "FXGATE__PACKS__MAX_MESSAGES": "50",
-        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
     }
 
 
@@ -347,7 +343,7 @@ def test_two_gateways_of_one_environment_and_one_of_another_each_land_every_read
     kill_at = sorted(rng.sample(range(total // 10, total * 85 // 100), KILLS))
     gateways = {
         name: Gateway(
-            name, gateway_env(mosquitto, tmp_path / name, environment, name), tmp_path / name
+            name, member_env(mosquitto, tmp_path / name, environment, name), tmp_path / name
         )
         for name, environment in (("a1", "env-a"), ("a2", "env-a"), ("b1", "env-b"))
     }
@@ -438,9 +434,9 @@ def test_a_gateway_down_past_its_session_expiry_loses_its_queued_share_and_was_w
 ):
     """The operational rule, end to end: session expiry must exceed the longest outage of a
     member, or the share queued for it is discarded by the broker. 3 s here, for this test."""
-    steady = Gateway("a1", gateway_env(mosquitto, tmp_path / "a1", "env-a", "a1"), tmp_path / "a1")
+    steady = Gateway("a1", member_env(mosquitto, tmp_path / "a1", "env-a", "a1"), tmp_path / "a1")
     brief_env = {
-        **gateway_env(mosquitto, tmp_path / "a2", "env-a", "a2"),
+        **member_env(mosquitto, tmp_path / "a2", "env-a", "a2"),
         "FXGATE__SOURCE__SESSION_EXPIRY_INTERVAL_SECONDS": "3",
         # A backoff ceiling above the expiry: one reconnect wait could outlast the session.
         "FXGATE__SOURCE__RECONNECT_MAX_DELAY_SECONDS": "5.0",

@@ -22,7 +22,6 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from actors.clock import RealClock, SimulatedClock
 from actors.config import Config, ConfigError, load_config
-from actors.connection import ConnectionActor
 from actors.lifecycle import SESSION_DISCONNECTED, ClientsConfigured, LifecycleActor, client_info
 from actors.mosquitto import ListenerTls, free_port
 from actors.simulate import TagEventGenerator
@@ -56,21 +55,6 @@ def tls_settings(broker, certs: CertificateSet, *, client_cert: bool = False, **
         "tls_key_file": str(certs.client.key) if client_cert else None,
     }
     return settings(broker, **{**tls, **overrides})
-
-
-@pytest.fixture
-def actors():
-    started = []
-
-    def start(*args, **kwargs):
-        ref = ConnectionActor.start(*args, **kwargs)
-        started.append(ref)
-        return ref
-
-    yield start
-    for ref in started:
-        if ref.is_alive():
-            ref.stop()
 
 
 @pytest.fixture

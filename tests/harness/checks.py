@@ -9,9 +9,10 @@ from persistence.database import open_engine
 from spark.tables import READS, read_table_arrow
 
 
-def settled(data: Path) -> tuple[int, int, int]:
-    """(rows in the reads table, ledger rows not yet landed, batches begun and not committed)."""
-    rows = read_table_arrow(data / "tables", READS).num_rows
+def settled(data: Path, tables: Path | str | None = None) -> tuple[int, int, int]:
+    """(rows in the reads table, ledger rows not yet landed, batches begun and not committed);
+    the tables are <data>/tables unless `tables` names another place (a path or a URI)."""
+    rows = read_table_arrow(data / "tables" if tables is None else tables, READS).num_rows
     engine = open_engine(data / "ledger.sqlite", readonly=True)
     try:
         with engine.connect() as conn:
@@ -26,14 +27,17 @@ def settled(data: Path) -> tuple[int, int, int]:
     return rows, pending, open_batches
 
 
-def wait_until_landed(daemon, data: Path, expected: int, timeout: float = 120.0) -> None:
+def wait_until_landed(
+    daemon, data: Path, expected: int, timeout: float = 120.0, tables: Path | str | None = None
+) -> None:
     """Wait, on the daemon's 'batch written' log lines, until the table holds `expected` rows and
-    the ledger has nothing pending (a replayed batch is committed, not just rewritten)."""
+    the ledger has nothing pending (a replayed batch is committed, not just rewritten); `tables`
+    as for `settled`."""
     deadline = time.monotonic() + timeout
     daemon.wait_for_log(r"fxgate started", timeout=timeout)
     while True:
         mark = daemon.mark()
-        state = settled(data)
+        state = settled(data, tables)
         if state == (expected, 0, 0):
             return
         remaining = deadline - time.monotonic()

@@ -10,91 +10,38 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
 import sys
-import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import psutil
 import pytest
 
+from tests.harness.watched_process import WatchedProcess
 
-class DaemonProcess:
+
+class DaemonProcess(WatchedProcess):
     def __init__(self, workdir: Path, env: Mapping[str, str], config_path: Path | None = None):
+        super().__init__()
         self.workdir = Path(workdir)
         self.env = {**os.environ, **env}
         self.config_path = config_path
-        self.proc: subprocess.Popen[str] | None = None
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._reader: threading.Thread | None = None
         self.spawned: set[int] = set()
 
     def start(self) -> None:
         argv = [sys.executable, "-m", "actors.cli", "run"]
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
-        self.proc = subprocess.Popen(
-            argv,
-            env=self.env,
-            cwd=self.workdir,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        self._reader = threading.Thread(target=self._read, args=(self.proc,), daemon=True)
-        self._reader.start()
-
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            with self._cond:
-                self.lines.append(line.rstrip("\n"))
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def output(self) -> str:
-        with self._cond:
-            return "\n".join(self.lines)
-
-    def mark(self) -> int:
-        """An index into the log: wait_for_log(after=mark) sees only lines written since."""
-        with self._cond:
-            return len(self.lines)
+        self._launch(argv, self.env, cwd=self.workdir)
 
     def wait_for_log(self, pattern: str, timeout: float = 60.0, after: int = 0) -> re.Match:
-        regex = re.compile(pattern)
-        found: list[re.Match] = []
-
-        def seen() -> bool:
-            for line in self.lines[after:]:
-                match = regex.search(line)
-                if match:
-                    found.append(match)
-                    return True
-            return self.proc is not None and self.proc.poll() is not None
-
-        with self._cond:
-            self._cond.wait_for(seen, timeout)
-        if not found:
+        found = self._first_match(pattern, timeout, after)
+        if found is None:
             raise AssertionError(
                 f"no log line matching {pattern!r} within {timeout} s "
-                f"(exit status {self.proc.poll() if self.proc else None}); log:\n{self.output()}"
+                f"(exit status {self.exit_status()}); log:\n{self.output()}"
             )
-        return found[0]
-
-    def count_logs(self, pattern: str) -> int:
-        regex = re.compile(pattern)
-        with self._cond:
-            return sum(1 for line in self.lines if regex.search(line))
+        return found
 
     def remember_children(self) -> set[int]:
         """Record the PIDs the daemon spawned (the Spark JVM), so they can be checked and reaped."""
@@ -141,6 +88,18 @@ class DaemonProcess:
                 proc.wait(30)
             except psutil.NoSuchProcess:
                 pass
+
+
+def gateway_env(broker, data: Path) -> dict[str, str]:
+    """The environment of a daemon reading `broker` into `data`, its packs and batches short, so
+    that reads land within a second or so; tests add their own keys to it."""
+    return {
+        "FXGATE__SOURCE__PORT": str(broker.port),
+        "FXGATE__GATEWAY__DATA_DIR": str(data),
+        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
+        "FXGATE__PACKS__MAX_MESSAGES": "50",
+        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+    }
 
 
 @pytest.fixture

@@ -48,7 +48,10 @@ def _is_write(sql: str) -> bool:
     return sql.lstrip().upper().startswith(_WRITES)
 
 
-class FaultyCursor(sqlite3.Cursor):
+class _FailingWrites:
+    """`execute` and `executemany` of a write statement fail while FAULTS says so: for cursors,
+    and for connections too, whose own `execute` calls sqlite3's C code past FaultyCursor."""
+
     def execute(self, sql, parameters=(), /):
         if _is_write(sql):
             FAULTS.check()
@@ -60,7 +63,11 @@ class FaultyCursor(sqlite3.Cursor):
         return super().executemany(sql, seq_of_parameters)
 
 
-class FaultySqlite(sqlite3.Connection):
+class FaultyCursor(_FailingWrites, sqlite3.Cursor):
+    pass
+
+
+class FaultySqlite(_FailingWrites, sqlite3.Connection):
     """A connection whose writes and commits fail while FAULTS says so."""
 
     def cursor(self, factory=FaultyCursor):
@@ -70,18 +77,8 @@ class FaultySqlite(sqlite3.Connection):
         FAULTS.check()
         return super().commit()
 
-    # Connection.execute and `with connection:` call sqlite3's C code directly, past the
-    # overrides above: these make them fail the same way.
-    def execute(self, sql, parameters=(), /):
-        if _is_write(sql):
-            FAULTS.check()
-        return super().execute(sql, parameters)
-
-    def executemany(self, sql, seq_of_parameters, /):
-        if _is_write(sql):
-            FAULTS.check()
-        return super().executemany(sql, seq_of_parameters)
-
+    # `with connection:` commits in sqlite3's C code, past `commit` above: this makes it fail
+    # the same way.
     def __exit__(self, exc_type, exc, traceback):
         if exc_type is None:
             try:

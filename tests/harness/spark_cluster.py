@@ -13,7 +13,6 @@ import os
 import re
 import signal
 import subprocess
-import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Mapping
@@ -24,6 +23,7 @@ import pyspark
 import pytest
 
 from actors.mosquitto import free_port
+from tests.harness.watched_process import WatchedProcess
 
 PYSPARK_HOME = Path(pyspark.__file__).resolve().parent
 SPARK_CLASS = PYSPARK_HOME / "bin" / "spark-class"
@@ -37,83 +37,32 @@ START_TIMEOUT = 90.0
 STOP_TIMEOUT = 20.0
 
 
-class JvmProcess:
+class JvmProcess(WatchedProcess):
     """One `spark-class` JVM; its stdout and stderr lines are kept and also written to `log`."""
 
     def __init__(self, name: str, argv: list[str], env: Mapping[str, str], log: Path) -> None:
+        super().__init__(log)
         self.name = name
         self.argv = argv
         self.env = dict(env)
-        self.log = log
-        self.proc: subprocess.Popen[str] | None = None
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        self._reader: threading.Thread | None = None
         self._tree: set[int] = set()
 
     def start(self) -> None:
-        self.proc = subprocess.Popen(
-            self.argv,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        self._reader = threading.Thread(
-            target=self._read, args=(self.proc,), name=f"{self.name}-log", daemon=True
-        )
-        self._reader.start()
+        self._launch(self.argv, self.env, reader_name=f"{self.name}-log")
 
-    def _read(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        with self.log.open("a", encoding="utf-8") as out:
-            for line in proc.stdout:
-                out.write(line)
-                out.flush()
-                with self._cond:
-                    self.lines.append(line.rstrip("\n"))
-                    self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    def output(self, last: int = 80) -> str:
-        with self._cond:
-            return "\n".join(self.lines[-last:])
-
-    def count(self, pattern: str) -> int:
-        regex = re.compile(pattern)
-        with self._cond:
-            return sum(1 for line in self.lines if regex.search(line))
+    def output(self, last: int | None = 80) -> str:
+        return super().output(last)
 
     def wait_for(self, pattern: str, timeout: float) -> re.Match:
         """The first line matching `pattern`, waiting up to `timeout`; fails at once when the
         JVM has exited."""
-        regex = re.compile(pattern)
-        found: list[re.Match] = []
-
-        def seen() -> bool:
-            for line in self.lines:
-                match = regex.search(line)
-                if match:
-                    found.append(match)
-                    return True
-            return self.proc is not None and self.proc.poll() is not None
-
-        with self._cond:
-            self._cond.wait_for(seen, timeout)
-        if not found:
-            status = self.proc.poll() if self.proc else None
+        found = self._first_match(pattern, timeout)
+        if found is None:
             raise AssertionError(
                 f"spark {self.name}: no line matching {pattern!r} within {timeout} s "
-                f"(exit status {status}); output:\n{self.output()}"
+                f"(exit status {self.exit_status()}); output:\n{self.output()}"
             )
-        return found[0]
+        return found
 
     def remember_tree(self) -> set[int]:
         """Record the PIDs of this JVM's descendants (a worker's executors)."""

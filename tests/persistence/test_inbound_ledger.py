@@ -30,21 +30,16 @@ def publish(packet_id, payload, qos=1, dup=False, epoch=1, topic=TOPIC):
     )
 
 
-class RecordingAcks(AckSender):
-    """Records every ack and, at the moment it is sent, what another connection sees in the DB."""
+class Acks(AckSender):
+    """Records every ack, (kind, packet id), in the order sent."""
 
-    def __init__(self, db_path):
-        self.db_path = db_path
+    def __init__(self):
         self.acks = []
-        self.visible_at_ack = []
         self.cond = threading.Condition()
 
     def send_ack(self, epoch, kind, packet_id):
-        with sqlite3.connect(self.db_path) as other:
-            rows = other.execute("SELECT message_key, packet_id FROM inbound").fetchall()
         with self.cond:
             self.acks.append((kind, packet_id))
-            self.visible_at_ack.append(dict(rows))
             self.cond.notify_all()
         return True
 
@@ -52,6 +47,23 @@ class RecordingAcks(AckSender):
         with self.cond:
             assert self.cond.wait_for(lambda: len(self.acks) >= count, timeout), self.acks
             return list(self.acks)
+
+
+class RecordingAcks(Acks):
+    """Records every ack and, at the moment it is sent, what another connection sees in the DB."""
+
+    def __init__(self, db_path):
+        super().__init__()
+        self.db_path = db_path
+        self.visible_at_ack = []
+
+    def send_ack(self, epoch, kind, packet_id):
+        with sqlite3.connect(self.db_path) as other:
+            rows = other.execute("SELECT message_key, packet_id FROM inbound").fetchall()
+        # One hold of the (reentrant) lock: a waiter that sees the ack sees what was visible too.
+        with self.cond:
+            self.visible_at_ack.append(dict(rows))
+            return super().send_ack(epoch, kind, packet_id)
 
 
 class Listener:

@@ -67,8 +67,12 @@ def test_a_request_taken_twice_after_a_crash_stores_nothing_twice(tmp_path):
         ledger.tell(TakeReplays(tmp_path))
         with listener.cond:
             assert listener.cond.wait_for(lambda: len(listener.records) == 2, 5)
-        # As if the ledger died between its commit and the file's deletion.
+        # As if the ledger died between its commit and the file's deletion: once the first
+        # take is over (the file, and maybe its directory, gone), the file is back.
+        assert wait_until(lambda: not pending_requests(tmp_path), 5)
+        path.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(kept, path)
+        assert pending_requests(tmp_path) == [path]
         ledger.tell(TakeReplays(tmp_path))
         assert wait_until(lambda: not pending_requests(tmp_path), 5)
         stats = ledger.proxy().stats().get(timeout=5)

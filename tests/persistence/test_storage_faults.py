@@ -27,13 +27,13 @@ from actors.connection import Inbound, SessionStarted
 from actors.intake import IntakeGate
 from actors.lifecycle import LifecycleActor, SessionConnected
 from actors.mosquitto import free_port
-from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
+from actors.mqtt_client import AckKind, InboundPubrel
 from actors.pack import Pack, PackSealed
 from actors.routes import Route
 from actors.simulate import expected_read_ids, simulate
 from actors.upstream_client import AckType, OutboundAck
 from persistence.database import connect_sqlite, open_engine
-from persistence.inbound_ledger import Committed, InboundLedger, LedgerRecord, StoreLocal
+from persistence.inbound_ledger import InboundLedger, LedgerRecord, StoreLocal
 from persistence.keys import message_key
 from persistence.outbound_ledger import OutboundLedger
 from persistence.storage_faults import (
@@ -47,8 +47,10 @@ from persistence.storage_faults import (
 from spark.report import compare, landed_ids_arrow
 from tests.harness import faulty_sqlite
 from tests.harness.checks import wait_until, wait_until_landed
+from tests.harness.daemon import gateway_env
 from tests.harness.faulty_sqlite import DISK_FULL, READ_ONLY
 from tests.harness.inbox import Inbox
+from tests.persistence.test_inbound_ledger import Acks, Listener, publish
 
 TOPIC = "zebra/fx/fx9600-01/reads"
 
@@ -60,36 +62,6 @@ def faults(monkeypatch):
 
 
 # -- helpers --------------------------------------------------------------------------------
-
-
-def publish(packet_id, payload, qos=1, epoch=1):
-    return InboundPublish(epoch, packet_id, qos, False, False, TOPIC, True, payload, None, 0.0)
-
-
-class Acks(AckSender):
-    def __init__(self):
-        self.acks = []
-        self.cond = threading.Condition()
-
-    def send_ack(self, epoch, kind, packet_id):
-        with self.cond:
-            self.acks.append((kind, packet_id))
-            self.cond.notify_all()
-        return True
-
-    def wait_for(self, count, timeout=10):
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.acks) >= count, timeout), self.acks
-            return list(self.acks)
-
-
-class Listener:
-    def __init__(self):
-        self.records = []
-
-    def tell(self, message):
-        assert isinstance(message, Committed)
-        self.records.extend(message.records)
 
 
 def stored(db_path):
@@ -714,14 +686,7 @@ def test_a_full_data_disk_stops_acks_keeps_the_connection_and_everything_lands_o
     data = small_tmpfs / "data"
     port = free_port()
     daemon = daemon_factory(
-        {
-            "FXGATE__SOURCE__PORT": str(broker.port),
-            "FXGATE__GATEWAY__DATA_DIR": str(data),
-            "FXGATE__GATEWAY__METRICS_PORT": str(port),
-            "FXGATE__PACKS__LINGER_SECONDS": "0.2",
-            "FXGATE__PACKS__MAX_MESSAGES": "50",
-            "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
-        }
+        {**gateway_env(broker, data), "FXGATE__GATEWAY__METRICS_PORT": str(port)}
     )
     daemon.wait_for_log(r"source: subscribed", timeout=90)
     before = simulate(broker.host, broker.port, readers=2, rate=0, count=150, qos=1, seed=1)

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from actors.simulate import expected_read_ids, simulate
-from persistence.database import open_engine
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from spark.session import is_local_master, master_on_loopback
-from spark.tables import READS, read_table_arrow
+from tests.harness.checks import wait_until_landed
+from tests.harness.daemon import gateway_env
 from tests.harness.publisher import SoakPublisher
 
 SEED = int(os.environ.get("FXGATE_CLUSTER_SEED", str(random.SystemRandom().randrange(1 << 30))))
@@ -38,56 +38,12 @@ def test_a_master_on_loopback_is_told_from_a_remote_one():
 
 def cluster_env(broker, cluster, data: Path, tables: Path) -> dict[str, str]:
     return {
-        "FXGATE__SOURCE__PORT": str(broker.port),
-        "FXGATE__GATEWAY__DATA_DIR": str(data),
-        "FXGATE__PACKS__LINGER_SECONDS": "0.2",
-        "FXGATE__PACKS__MAX_MESSAGES": "50",
-        "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+        **gateway_env(broker, data),
         "FXGATE__SPARK__MASTER": cluster.url,
         "FXGATE__SPARK__TABLES_DIR": f"file://{tables}",
         # The worker offers 1 GiB; a smaller executor keeps the shared machine's memory free.
         "FXGATE__SPARK__CONF__spark.executor.memory": "512m",
     }
-
-
-def settled(data: Path, tables: str) -> tuple[int, int, int]:
-    """(rows in the reads table, ledger rows not yet landed, batches begun and not committed)."""
-    rows = read_table_arrow(tables, READS).num_rows
-    engine = open_engine(data / "ledger.sqlite", readonly=True)
-    try:
-        with engine.connect() as conn:
-            pending = conn.exec_driver_sql(
-                "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
-            ).scalar()
-            open_batches = conn.exec_driver_sql(
-                "SELECT count(*) FROM batches WHERE state = 'writing'"
-            ).scalar()
-    finally:
-        engine.dispose()
-    return rows, pending, open_batches
-
-
-def wait_until_landed(daemon, data: Path, tables: str, expected: int, timeout: float) -> None:
-    """Re-check on each 'batch written' line until the table holds `expected` rows and the
-    ledger has nothing pending (tests/harness/checks.py does the same for <data>/tables)."""
-    deadline = time.monotonic() + timeout
-    daemon.wait_for_log(r"fxgate started", timeout=timeout)
-    while True:
-        mark = daemon.mark()
-        state = settled(data, tables)
-        if state == (expected, 0, 0):
-            return
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            tail = "\n".join(daemon.output().splitlines()[-60:])
-            raise AssertionError(
-                f"(rows, pending, open batches) = {state}, expected {expected} rows after "
-                f"{timeout} s; daemon log tail:\n{tail}"
-            )
-        try:
-            daemon.wait_for_log(r"batch \d+ written", timeout=remaining, after=mark)
-        except AssertionError:
-            continue  # the deadline check above reports it, with the state
 
 
 @pytest.mark.broker
@@ -108,7 +64,7 @@ def test_the_daemon_lands_reads_through_a_standalone_master_whose_worker_runs_th
     assert published.failed == 0
     expected = expected_read_ids(published.published)
     landing = time.perf_counter()
-    wait_until_landed(daemon, data, uri, len(expected), timeout=180)
+    wait_until_landed(daemon, data, len(expected), timeout=180, tables=uri)
     landed_seconds = time.perf_counter() - landing
     assert daemon.terminate() == 0
 
@@ -181,7 +137,7 @@ def test_sigkills_of_a_daemon_writing_through_a_standalone_master_lose_and_doubl
         publisher.stop()
         expected = expected_read_ids(publisher.acked)
         assert not publisher.refused
-        wait_until_landed(daemon, data, uri, len(expected), timeout=300)
+        wait_until_landed(daemon, data, len(expected), timeout=300, tables=uri)
         assert daemon.terminate() == 0
     finally:
         if publishing:

@@ -71,7 +71,7 @@ def ledger(tmp_path, clock):
         ref.stop()
 
 
-def stored_pack(ledger, count):
+def stored_pack(ledger, count, topic="zebra/fx/r1/reads"):
     """Store `count` messages in the ledger and return them as one sealed pack."""
 
     class Collect:
@@ -87,9 +87,7 @@ def stored_pack(ledger, count):
     collect = Collect()
     ledger.proxy().set_listener(collect).get(timeout=5)
     for n in range(count):
-        publish = InboundPublish(
-            1, n + 1, 1, False, False, "zebra/fx/r1/reads", True, PAYLOAD % n, None, 0.0
-        )
+        publish = InboundPublish(1, n + 1, 1, False, False, topic, True, PAYLOAD % n, None, 0.0)
         ledger.tell(Inbound(publish, NoAcks()))
     assert collect.done.wait(5)
     return Pack(1, tuple(dataclasses.replace(r, pack_id=1) for r in collect.records))
@@ -97,7 +95,7 @@ def stored_pack(ledger, count):
 
 def batch_states(tmp_path):
     with sqlite3.connect(tmp_path / "ledger.sqlite") as conn:
-        return conn.execute("SELECT batch_id, state FROM batches").fetchall()
+        return conn.execute("SELECT batch_id, state FROM batches ORDER BY batch_id").fetchall()
 
 
 def start_writer(ledger, clock, tables, retry_backoff=None, **options):

@@ -9,52 +9,24 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import sqlite3
 import threading
 
 import pytest
 
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
-from actors.connection import Inbound
 from actors.metrics import HealthThresholds, StatusBoard
-from actors.mqtt_client import AckSender, InboundPublish
-from actors.pack import Pack, PackSealed
+from actors.pack import PackSealed
 from persistence.inbound_ledger import InboundLedger
 from spark.report import landed_ids_arrow
 from spark.writer import SparkWriterActor, WriterHealth
 from tests.harness import faulty_sqlite
 from tests.harness.checks import wait_until
 from tests.harness.faulty_sqlite import DISK_FULL
+from tests.harness.inbox import Inbox
+from tests.spark.test_writer import batch_states, stored_pack
 
 TOPIC = "zebra/fx/fx9600-01/reads"
-PAYLOAD = (
-    b'{"data": {"idHex": "e2801160600002054cc2096f", "eventNum": %d}, '
-    b'"timestamp": "2026-11-21T10:00:00.000+0000"}'
-)
-
-
-class NoAcks(AckSender):
-    def send_ack(self, epoch, kind, packet_id):
-        return True
-
-
-class HealthLog:
-    """Every WriterHealth the writer reports, in order."""
-
-    def __init__(self):
-        self.reports: list[WriterHealth] = []
-        self.cond = threading.Condition()
-
-    def __call__(self, health: WriterHealth) -> None:
-        with self.cond:
-            self.reports.append(health)
-            self.cond.notify_all()
-
-    def wait_for(self, count, timeout=10) -> list[WriterHealth]:
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.reports) >= count, timeout), self.reports
-            return list(self.reports)
 
 
 class FailingTables:
@@ -89,11 +61,6 @@ class FailingTables:
             self.during_write()
         return written
 
-    def wait_calls(self, count, timeout=60):
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.calls) >= count, timeout), self.calls
-            return list(self.calls)
-
 
 @pytest.fixture
 def clock():
@@ -124,7 +91,8 @@ def ledger(tmp_path, clock):
 def start_writer(spark_session, clock, tmp_path):
     started = []
 
-    def start(ledger, tables, health, backoff=None):
+    def start(ledger, tables, health: Inbox, backoff=None):
+        """`health` is told every WriterHealth the writer reports, in order."""
         ref = SparkWriterActor.start(
             ledger.proxy(),
             clock,
@@ -134,7 +102,7 @@ def start_writer(spark_session, clock, tmp_path):
             table_writer=tables,
             batch_max_seconds=1.0,
             retry_backoff=backoff or Backoff(1.0, 60.0, 0.0),
-            on_health=health,
+            on_health=health.tell,
         )
         started.append(ref)
         return ref
@@ -143,30 +111,6 @@ def start_writer(spark_session, clock, tmp_path):
     for ref in started:
         if ref.is_alive():
             ref.stop()
-
-
-def stored_pack(ledger, count, first=0):
-    """Store `count` messages in the ledger and return them as one sealed pack."""
-    got: list = []
-    done = threading.Event()
-
-    class Collect:
-        def tell(self, message):
-            got.extend(message.records)
-            if len(got) >= count:
-                done.set()
-
-    ledger.proxy().set_listener(Collect()).get(timeout=5)
-    for n in range(first, first + count):
-        publish = InboundPublish(1, n + 1, 1, False, False, TOPIC, True, PAYLOAD % n, None, 0.0)
-        ledger.tell(Inbound(publish, NoAcks()))
-    assert done.wait(5)
-    return Pack(1, tuple(dataclasses.replace(r, pack_id=1) for r in got))
-
-
-def batch_states(tmp_path):
-    with sqlite3.connect(tmp_path / "ledger.sqlite") as conn:
-        return conn.execute("SELECT batch_id, state FROM batches ORDER BY batch_id").fetchall()
 
 
 def landed(tmp_path) -> list[str]:
@@ -192,9 +136,9 @@ def test_failed_spark_writes_are_reported_then_land_every_row_once_after_recover
 ):
     caplog.set_level(logging.INFO, logger="spark.writer")
     tables = FailingTables(failures=3)
-    health = HealthLog()
+    health = Inbox()
     writer = start_writer(ledger, tables, health)
-    pack = stored_pack(ledger, 20)
+    pack = stored_pack(ledger, 20, TOPIC)
     writer.tell(PackSealed(pack))
     due(clock, writer)  # the batch deadline: attempt 1 fails
     for attempt in (1, 2, 3):
@@ -222,9 +166,9 @@ def test_a_batch_the_ledger_cannot_begin_waits_with_its_packs_and_lands_once_spa
     faults, ledger, start_writer, clock, tmp_path
 ):
     tables = FailingTables(failures=0)
-    health = HealthLog()
+    health = Inbox()
     writer = start_writer(ledger, tables, health)
-    pack = stored_pack(ledger, 10)
+    pack = stored_pack(ledger, 10, TOPIC)
     faults.set(DISK_FULL)
     writer.tell(PackSealed(pack))
     due(clock, writer)  # the deadline: begin_batch is refused, the writer stays alive
@@ -249,9 +193,9 @@ def test_a_batch_written_while_the_ledger_filled_up_is_written_again_and_committ
     # The disk fills during the first job: its files are in the table, but the ledger cannot
     # record the commit. The retry overwrites the same partitions and commits.
     tables = FailingTables(failures=0, during_write=lambda: faults.set(DISK_FULL))
-    health = HealthLog()
+    health = Inbox()
     writer = start_writer(ledger, tables, health)
-    pack = stored_pack(ledger, 15)
+    pack = stored_pack(ledger, 15, TOPIC)
     writer.tell(PackSealed(pack))
     due(clock, writer)
     assert health.wait_for(1)[-1].waiting_batch == 1

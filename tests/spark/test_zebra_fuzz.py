@@ -4,7 +4,6 @@ more than 10,000 generated payloads and topics that must all end as rows or know
 import json
 import math
 import threading
-from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import pytest
@@ -27,6 +26,7 @@ from spark.zebra import (
     parse_payload,
     topic_problem,
 )
+from tests.spark.test_sanitise import Record
 
 EVENT = {
     "data": {"idHex": "E28011606000020A1B2C3D4E", "antenna": 1, "eventNum": 1},
@@ -254,16 +254,6 @@ TOPICS = weighted(
 )
 
 
-@dataclass(frozen=True)
-class Record:
-    message_key: str
-    topic: str
-    payload: bytes
-    qos: int = 1
-    received_time: float = 1.7e9
-    pack_id: int = 1
-
-
 def check_reads(reads) -> None:
     assert reads, "a message without reads must be a PayloadError"
     for read in reads:
@@ -295,7 +285,7 @@ def test_every_generated_payload_and_topic_ends_as_rows_or_one_known_dead_letter
     records, expected = [], []
     for index, (topic, payload) in enumerate(messages):
         key = f"k{index}"
-        records.append(Record(key, topic, payload))
+        records.append(Record(key, topic, payload, received_time=1.7e9))
         expected.append(expect(key, topic, payload))
 
     # The batch builder, all messages in one batch: a bad one never spoils the one after it.
