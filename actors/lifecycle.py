@@ -461,7 +461,9 @@ class LifecycleActor(pykka.ThreadingActor):
                 # One stopped sink (say, the publisher during shutdown, or the ledger on a full
                 # disk) must not silence the others or kill this actor; the outbox keeps the
                 # event for the next start.
-                log.warning(
+                # INFO, not WARNING: nothing is lost, and a graceful stop does this every time
+                # (the source's last event cannot go out on the connection that just closed).
+                log.info(
                     "lifecycle sink %s did not take event %s (%s); kept for the next start",
                     name,
                     event["id"],
