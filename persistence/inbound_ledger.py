@@ -47,6 +47,7 @@ from persistence import database as db
 from persistence.keys import message_key as default_message_key
 from persistence.replay import pending_requests, read_request, replay_key
 from persistence.storage_faults import StorageUnavailable, cannot_open, describe, is_storage_fault
+from spark.zebra import INVALID_TOPIC
 
 log = logging.getLogger(__name__)
 
@@ -602,10 +603,14 @@ class InboundLedger(pykka.ThreadingActor):
         assert self._conn is not None
         received = self._clock.wall()
         expires = None if publish.expiry_interval is None else received + publish.expiry_interval
+        # A topic that was not UTF-8 (MQTT 5 §1.5.4 forbids it, a broker should refuse it) is
+        # stored as decoded, with U+FFFD where its bytes were bad, and marked: it is acked like
+        # any other and lands as an `invalid_topic` dead letter, never as reads or upstream.
+        dead = None if publish.topic_valid_utf8 else INVALID_TOPIC
         cursor = self._hot(
-            "INSERT INTO inbound (message_key, topic, payload, qos, received_time, expires_at) "
-            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (message_key) DO NOTHING",
-            (key, publish.topic, publish.payload, publish.qos, received, expires),
+            "INSERT INTO inbound (message_key, topic, payload, qos, received_time, expires_at, "
+            "dead_reason) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (message_key) DO NOTHING",
+            (key, publish.topic, publish.payload, publish.qos, received, expires, dead),
         )
         if cursor.rowcount == 0:
             return None
@@ -613,7 +618,7 @@ class InboundLedger(pykka.ThreadingActor):
         self._last_seq = seq
         self._group.records.append(
             LedgerRecord(
-                seq, key, publish.topic, publish.payload, publish.qos, received, None, None, expires
+                seq, key, publish.topic, publish.payload, publish.qos, received, None, dead, expires
             )
         )
         self.counts["accepted"] += 1

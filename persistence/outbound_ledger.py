@@ -299,6 +299,8 @@ class OutboundLedger(pykka.ThreadingActor):
             self._resend_inflight()
 
     def _message_for(self, record: LedgerRecord) -> OutboundPublish | None:
+        if record.dead_reason is not None:
+            return None  # a dead letter already (a topic that was not UTF-8): not forwarded
         route = route_for(self._routes, record.topic)
         if route is None:
             return None

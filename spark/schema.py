@@ -198,6 +198,10 @@ def build_batch(
             )
         problem, reader, safe_reader = known
         try:
+            if forward_failure == INVALID_TOPIC:  # marked by the ledger: see its _insert
+                raise PayloadError(
+                    INVALID_TOPIC, "the topic was not valid UTF-8 (U+FFFD marks its bad bytes)"
+                )
             if forward_failure:
                 raise PayloadError(forward_failure, "forwarding upstream gave up on this message")
             if problem is not None:

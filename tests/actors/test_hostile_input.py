@@ -259,3 +259,55 @@ def test_ten_thousand_hostile_messages_land_once_each_as_rows_or_dead_letters(
         sent_message = by_key[row["message_id"].split(":")[0]]
         assert row["topic"] == sent_message.topic
         assert row["reader_id"] == safe_reader_id(sent_message.topic.split("/")[2] or row["topic"])
+
+
+def test_a_topic_that_is_not_utf8_is_acked_and_lands_as_an_invalid_topic_dead_letter(
+    spark_session, tmp_path
+):
+    """mosquitto refuses such a PUBLISH; a broker that does not (the scripted fake here) must
+    not get it into `reads` or upstream: it is stored, acked, and dead-lettered."""
+    from actors.clock import RealClock
+    from actors.config import load_config
+    from actors.supervisor import Supervisor
+    from spark.schema import DEAD_LETTERS_SCHEMA, READS_SCHEMA
+    from tests.harness.fake_broker import FakeBroker
+
+    good = json.dumps(
+        {
+            "data": {"idHex": "e2801160600002054c5a0b01", "antenna": 1, "peakRssi": -60},
+            "timestamp": "2026-11-21T12:00:00.000+0000",
+            "type": "SIMPLE",
+        }
+    ).encode()
+    with FakeBroker() as broker:
+        config = load_config(
+            None,
+            environ={
+                "FXGATE__SOURCE__PORT": str(broker.port),
+                "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+                "FXGATE__PACKS__LINGER_SECONDS": "0.2",
+                "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+            },
+            hostname="gw-test",
+        )
+        clock = RealClock()
+        supervisor = Supervisor(config, clock, session_factory=lambda: spark_session)
+        supervisor.start()
+        try:
+            assert broker.wait_for(lambda b: b.subscribes, timeout=30)
+            broker.publish_to_clients(b"zebra/fx/fx\xff9600/reads", good, qos=1)
+            broker.publish_to_clients("zebra/fx/fx9600-01/reads", good, qos=1)
+            assert supervisor.wait_for_landed(1, dead_letters=1, timeout=120)
+            assert broker.wait_for(
+                lambda b: len([a for a in b.client_acks if a[1] == "PUBACK"]) == 2, timeout=30
+            )
+        finally:
+            supervisor.stop()
+            clock.close()
+    tables = config.tables_path
+    dead = read_table_arrow(tables, DEAD_LETTERS, DEAD_LETTERS_SCHEMA).to_pylist()
+    assert [(d["reason"], d["topic"]) for d in dead] == [
+        ("invalid_topic", "zebra/fx/fx\ufffd9600/reads")
+    ]
+    reads = read_table_arrow(tables, READS, READS_SCHEMA).to_pylist()
+    assert [r["topic"] for r in reads] == ["zebra/fx/fx9600-01/reads"]

@@ -408,8 +408,11 @@ class FakeBroker:
                 _shutdown(conn.sock, socket.SHUT_RDWR)
             self._cond.wait_for(lambda: all(c.closed for c in targets), _JOIN_TIMEOUT)
 
-    def publish_to_clients(self, topic: str, payload: bytes, qos: int) -> None:
-        """PUBLISH to each client with a matching subscription, at min(qos, granted QoS)."""
+    def publish_to_clients(self, topic: str | bytes, payload: bytes, qos: int) -> None:
+        """PUBLISH to each client with a matching subscription, at min(qos, granted QoS).
+        A `bytes` topic goes on the wire as it is (e.g. not UTF-8, which a real broker refuses)."""
+        raw = topic if isinstance(topic, bytes) else topic.encode()
+        topic = raw.decode(errors="replace")
         with self._cond:
             for conn in self._connections:
                 granted = [g for f, g in conn.subscriptions.items() if topic_matches(f, topic)]
@@ -417,7 +420,7 @@ class FakeBroker:
                     continue
                 effective = min(qos, max(granted))
                 packet_id = conn.new_packet_id() if effective else 0
-                body = encode_text(topic)
+                body = encode_binary(raw)
                 if effective:
                     body += packet_id.to_bytes(2, "big")
                     conn.outbound[packet_id] = effective

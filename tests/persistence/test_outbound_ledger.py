@@ -742,3 +742,32 @@ def test_an_upstream_topic_mqtt_cannot_carry_is_dead_lettered_and_the_pack_goes_
         assert ref.is_alive()
     finally:
         ref.stop()
+
+
+def test_a_message_the_ledger_marked_dead_is_not_forwarded_and_keeps_its_reason(tmp_path):
+    """The inbound ledger marks a message whose topic was not UTF-8 (`invalid_topic`): it goes
+    on to the table as that dead letter, never upstream."""
+    records = (
+        LedgerRecord(1, "k1", "zebra/fx/r\ufffd1/reads", b"x", 1, 0.0, 0, "invalid_topic"),
+        LedgerRecord(2, "k2", "zebra/fx/r1/reads", b"y", 1, 0.0, 0),
+    )
+    client = ScriptedClient(answer="PUBACK")
+    writer = Inbox()
+    ref = OutboundLedger.start(
+        tmp_path / "outbound.sqlite",
+        SimulatedClock(),
+        writer,
+        (Route(0, "zebra/fx/+/reads"),),
+        "env",
+        processing_timeout=20.0,
+    )
+    try:
+        client.actor = ref
+        ref.proxy().set_client(client).get(timeout=5)
+        ref.tell(SessionStarted(1, True, 65535))
+        ref.tell(PackSealed(Pack(0, records)))
+        (sealed,) = writer.wait_for(1)
+        assert [r.dead_reason for r in sealed.pack.records] == ["invalid_topic", None]
+        assert [key for _, _, _, key, _ in client.sent] == ["k2"]
+    finally:
+        ref.stop()
