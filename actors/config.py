@@ -204,6 +204,8 @@ class GatewayConfig(_Section):
     health_connection_down_seconds: float = Field(120.0, gt=0)
     health_status_stale_seconds: float = Field(30.0, gt=0)
     health_writer_stalled_seconds: float = Field(300.0, gt=0)
+    # Failed Spark attempts in a row (each retried, 1 s -> 60 s backoff) before /healthz says so.
+    health_spark_failures: int = Field(3, ge=1)
 
     @property
     def data_path(self) -> Path:
@@ -630,7 +632,8 @@ def _metrics(gateway: GatewayConfig) -> str:
         f"metrics on http://{host}:{gateway.metrics_port}/metrics (healthz: connection down > "
         f"{gateway.health_connection_down_seconds:g} s, status older than "
         f"{gateway.health_status_stale_seconds:g} s, writer stalled > "
-        f"{gateway.health_writer_stalled_seconds:g} s)"
+        f"{gateway.health_writer_stalled_seconds:g} s, {gateway.health_spark_failures} failed "
+        "Spark attempts in a row)"
     )
 
 

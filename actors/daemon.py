@@ -33,6 +33,7 @@ from actors.clock import Clock, RealClock, TimerHandle
 from actors.config import Config
 from actors.metrics import HealthThresholds, MetricsServer, StatusBoard
 from actors.supervisor import ActorCrashed, Supervisor
+from persistence.permissions import private_directory
 from persistence.storage_faults import corrupt_files
 
 log = logging.getLogger(__name__)
@@ -240,7 +241,7 @@ class Gateway:
     def run(self) -> int:
         cfg = self.config.gateway
         budget = RestartBudget(cfg.max_restarts, cfg.restart_window_seconds)
-        cfg.data_path.mkdir(parents=True, exist_ok=True)
+        private_directory(cfg.data_path)  # owner-only from the first moment (README, Security)
         code = 0
         if self.metrics is not None:
             self._start_metrics()

@@ -46,6 +46,7 @@ class HealthThresholds:
             gateway.health_connection_down_seconds,
             gateway.health_status_stale_seconds,
             gateway.health_writer_stalled_seconds,
+            gateway.health_spark_failures,
         )
 
 

@@ -13,6 +13,7 @@ import pytest
 from actors.clock import SimulatedClock
 from actors.config import load_config
 from actors.daemon import EXIT_STOP_TIMEOUT, StopDeadline, dump_stacks
+from actors.metrics import HealthThresholds
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -72,6 +73,7 @@ def test_operator_settings_have_defaults_parse_from_the_environment_and_are_summ
             "FXGATE__GATEWAY__STOP_TIMEOUT_SECONDS": "15",
             "FXGATE__GATEWAY__METRICS_PORT": "9108",
             "FXGATE__GATEWAY__HEALTH_CONNECTION_DOWN_SECONDS": "5",
+            "FXGATE__GATEWAY__HEALTH_SPARK_FAILURES": "7",
         },
         hostname="gw",
     )
@@ -79,11 +81,19 @@ def test_operator_settings_have_defaults_parse_from_the_environment_and_are_summ
     assert "stop timeout 15 s" in summary
     assert "metrics on http://127.0.0.1:9108/metrics" in summary
     assert "connection down > 5 s" in summary
+    assert "7 failed Spark attempts in a row" in summary
+    assert HealthThresholds.from_config(config.gateway).spark_failures == 7
+    assert HealthThresholds.from_config(default.gateway).spark_failures == 3
 
 
 @pytest.mark.parametrize(
     ("key", "value"),
-    [("stop_timeout_seconds", "0"), ("metrics_port", "70000"), ("metrics_host", '""')],
+    [
+        ("stop_timeout_seconds", "0"),
+        ("metrics_port", "70000"),
+        ("metrics_host", '""'),
+        ("health_spark_failures", "0"),
+    ],
 )
 def test_bad_operator_settings_name_the_key(key, value):
     from actors.config import ConfigError
