@@ -16,7 +16,7 @@ from actors.clock import RealClock, SimulatedClock
 from actors.config import load_config
 from actors.connection import SessionEnded, SessionStarted
 from actors.pack import Pack, PackSealed
-from actors.routes import Route
+from actors.routes import DEFAULT_TARGET, Route
 from actors.simulate import expected_read_ids, simulate
 from actors.supervisor import Supervisor
 from actors.upstream_client import IDEMPOTENCY_PROPERTY, AckType, OutboundAck
@@ -389,7 +389,15 @@ class ScriptedClient(OneByOne):
 def outbound_with(tmp_path):
     started = []
 
-    def start(client=None, qos=1, packs=(), connected=True, receive_maximum=65535, **options):
+    def start(
+        client=None,
+        qos=1,
+        packs=(),
+        connected=True,
+        receive_maximum=65535,
+        target=DEFAULT_TARGET,
+        **options,
+    ):
         clock = SimulatedClock()
         writer = Inbox()
         options.setdefault("processing_timeout", 20.0)
@@ -397,7 +405,7 @@ def outbound_with(tmp_path):
             tmp_path / "outbound.sqlite",
             clock,
             writer,
-            (Route(0, "zebra/fx/+/reads", qos=qos),),
+            (Route(0, "zebra/fx/+/reads", target, qos=qos),),
             "env",
             **options,
         )
@@ -713,7 +721,9 @@ def test_life_cycle_events_reach_the_upstream_broker_on_their_own_topic(
         assert "MQTTClientSessionConnected" in kinds
 
 
-def test_an_upstream_topic_mqtt_cannot_carry_is_dead_lettered_and_the_pack_goes_on(tmp_path):
+def test_an_upstream_topic_mqtt_cannot_carry_is_dead_lettered_and_the_pack_goes_on(
+    outbound_with,
+):
     """`x/{topic}` on a topic near MQTT's 65,535-byte limit renders one past it: encoding it
     would raise in the actor at every start; it is given up on and the pack behind it flows."""
     long_topic = "zebra/fx/" + "r" * 65_520 + "/reads"
@@ -722,29 +732,14 @@ def test_an_upstream_topic_mqtt_cannot_carry_is_dead_lettered_and_the_pack_goes_
         LedgerRecord(2, "k2", "zebra/fx/r1/reads", b"y", 1, 0.0, 0),
     )
     client = ScriptedClient(answer="PUBACK")
-    writer = Inbox()
-    ref = OutboundLedger.start(
-        tmp_path / "outbound.sqlite",
-        SimulatedClock(),
-        writer,
-        (Route(0, "zebra/fx/+/reads", "x/{topic}"),),
-        "env",
-        processing_timeout=20.0,
-    )
-    try:
-        client.actor = ref
-        ref.proxy().set_client(client).get(timeout=5)
-        ref.tell(SessionStarted(1, True, 65535))
-        ref.tell(PackSealed(Pack(0, records)))
-        (sealed,) = writer.wait_for(1)
-        assert [r.dead_reason for r in sealed.pack.records] == ["invalid_topic", None]
-        assert [key for _, _, _, key, _ in client.sent] == ["k2"]
-        assert ref.is_alive()
-    finally:
-        ref.stop()
+    ref, _, writer = outbound_with(client, packs=[Pack(0, records)], target="x/{topic}")
+    (sealed,) = writer.wait_for(1)
+    assert [r.dead_reason for r in sealed.pack.records] == ["invalid_topic", None]
+    assert [key for _, _, _, key, _ in client.sent] == ["k2"]
+    assert ref.is_alive()
 
 
-def test_a_message_the_ledger_marked_dead_is_not_forwarded_and_keeps_its_reason(tmp_path):
+def test_a_message_the_ledger_marked_dead_is_not_forwarded_and_keeps_its_reason(outbound_with):
     """The inbound ledger marks a message whose topic was not UTF-8 (`invalid_topic`): it goes
     on to the table as that dead letter, never upstream."""
     records = (
@@ -752,22 +747,7 @@ def test_a_message_the_ledger_marked_dead_is_not_forwarded_and_keeps_its_reason(
         LedgerRecord(2, "k2", "zebra/fx/r1/reads", b"y", 1, 0.0, 0),
     )
     client = ScriptedClient(answer="PUBACK")
-    writer = Inbox()
-    ref = OutboundLedger.start(
-        tmp_path / "outbound.sqlite",
-        SimulatedClock(),
-        writer,
-        (Route(0, "zebra/fx/+/reads"),),
-        "env",
-        processing_timeout=20.0,
-    )
-    try:
-        client.actor = ref
-        ref.proxy().set_client(client).get(timeout=5)
-        ref.tell(SessionStarted(1, True, 65535))
-        ref.tell(PackSealed(Pack(0, records)))
-        (sealed,) = writer.wait_for(1)
-        assert [r.dead_reason for r in sealed.pack.records] == ["invalid_topic", None]
-        assert [key for _, _, _, key, _ in client.sent] == ["k2"]
-    finally:
-        ref.stop()
+    _, _, writer = outbound_with(client, packs=[Pack(0, records)])
+    (sealed,) = writer.wait_for(1)
+    assert [r.dead_reason for r in sealed.pack.records] == ["invalid_topic", None]
+    assert [key for _, _, _, key, _ in client.sent] == ["k2"]
