@@ -61,6 +61,9 @@ READS_SCHEMA = pa.schema(
         pa.field("batch_id", pa.int64()),
         # 'YYYY-MM-DD' of event_time in UTC: the partition column.
         pa.field("date", pa.string()),
+        # The inbound ledger's seq of the message: arrival order at this gateway (added with the
+        # two-sink ledger; null in partitions written before it).
+        pa.field("seq", pa.int64()),
     ]
 )
 
@@ -77,6 +80,11 @@ DEAD_LETTERS_SCHEMA = pa.schema(
         pa.field("batch_id", pa.int64()),
         # 'YYYY-MM-DD' of received_time in UTC: a bad payload has no trustworthy event time.
         pa.field("date", pa.string()),
+        # Which sink could not take the message: `table` (it is not reads: bad payload, bad
+        # topic) or `upstream` (forwarding gave up; its reads are in `reads` all the same).
+        # Null in partitions written before the two-sink ledger: read it as `table`.
+        pa.field("sink", pa.string()),
+        pa.field("seq", pa.int64()),
     ]
 )
 
@@ -101,6 +109,10 @@ EVENTS_SCHEMA = pa.schema(
     ]
 )
 
+# The two sinks of the ledger, as the dead_letters `sink` column names them.
+TABLE_SINK = "table"
+UPSTREAM_SINK = "upstream"
+
 # Reason for a life-cycle message that is not a CloudEvents JSON object with our fields.
 INVALID_EVENT = "invalid_event"
 
@@ -118,12 +130,16 @@ MAX_DETAIL_CHARS = 1000
 class LedgerRecord(Protocol):
     """What `build_batch` needs of one inbound-ledger row."""
 
+    seq: int  # the ledger's arrival order
     message_key: str
     topic: str
     payload: bytes
     qos: int
     received_time: float  # epoch seconds
     pack_id: int
+    # Optional (read with getattr): `dead_reason`, a reason the ledger already decided (the row
+    # lands as that dead letter, not as reads), and `dead_sink`, the sink it is a dead letter
+    # for (`table` when absent; `upstream` for a message forwarding gave up on).
 
 
 @dataclass(frozen=True)
@@ -172,6 +188,7 @@ def build_batch(
     received: list[int] = []
     qos: list[int] = []
     pack_id: list[int] = []
+    seq: list[int] = []
 
     dead_key: list[str] = []
     dead_topic: list[str] = []
@@ -181,12 +198,15 @@ def build_batch(
     dead_qos: list[int] = []
     dead_received: list[int] = []
     dead_pack: list[int] = []
+    dead_sink: list[str] = []
+    dead_seq: list[int] = []
 
     # topic -> (why it cannot be stored or None, reader level as it came, its safe name)
     topics: dict[str, tuple[str | None, str, str]] = {}
     for record in records:
         received_us = _epoch_micros(record.received_time)
-        forward_failure = getattr(record, "dead_reason", None)
+        decided = getattr(record, "dead_reason", None)
+        sink = TABLE_SINK
         record_topic = record.topic
         known = topics.get(record_topic)
         if known is None:
@@ -198,12 +218,18 @@ def build_batch(
             )
         problem, reader, safe_reader = known
         try:
-            if forward_failure == INVALID_TOPIC:  # marked by the ledger: see its _insert
+            if decided == INVALID_TOPIC:  # marked by the ledger: see its _insert
                 raise PayloadError(
                     INVALID_TOPIC, "the topic was not valid UTF-8 (U+FFFD marks its bad bytes)"
                 )
-            if forward_failure:
-                raise PayloadError(forward_failure, "forwarding upstream gave up on this message")
+            if decided:
+                sink = getattr(record, "dead_sink", None) or TABLE_SINK
+                raise PayloadError(
+                    decided,
+                    "forwarding upstream gave up on this message (its reads are in `reads`)"
+                    if sink == UPSTREAM_SINK
+                    else "forwarding upstream gave up on this message",
+                )
             if problem is not None:
                 raise PayloadError(INVALID_TOPIC, problem)
             if events_filter is not None and topic_matches(events_filter, record_topic):
@@ -233,6 +259,8 @@ def build_batch(
             dead_qos.append(record.qos)
             dead_received.append(received_us)
             dead_pack.append(record.pack_id)
+            dead_sink.append(sink)
+            dead_seq.append(record.seq)
             continue
 
         key = record.message_key
@@ -251,6 +279,7 @@ def build_batch(
         received.extend([received_us] * n)
         qos.extend([record.qos] * n)
         pack_id.extend([record.pack_id] * n)
+        seq.extend([record.seq] * n)
 
     event_times = pa.array(event_time, type=UTC_MICROS)
     reads_table = pa.table(
@@ -270,6 +299,7 @@ def build_batch(
             pa.array(pack_id, type=pa.int64()),
             pa.array([batch_id] * len(message_id), type=pa.int64()),
             _utc_dates(event_times),
+            pa.array(seq, type=pa.int64()),
         ],
         schema=READS_SCHEMA,
     )
@@ -287,6 +317,8 @@ def build_batch(
             pa.array(dead_pack, type=pa.int64()),
             pa.array([batch_id] * len(dead_key), type=pa.int64()),
             _utc_dates(dead_received_times),
+            pa.array(dead_sink, type=pa.string()),
+            pa.array(dead_seq, type=pa.int64()),
         ],
         schema=DEAD_LETTERS_SCHEMA,
     )

@@ -212,7 +212,10 @@ def read_table(
     partition columns) or, without it, just the two partition columns.
     """
     try:
-        df = session.read.parquet(table_path(spark_uri(tables_dir), name))
+        # Schema changes are additive: a column added later is null in older files, not absent.
+        df = session.read.option("mergeSchema", "true").parquet(
+            table_path(spark_uri(tables_dir), name)
+        )
     except AnalysisException as error:
         if error.getCondition() not in _NO_DATA_CONDITIONS:
             raise
@@ -246,6 +249,9 @@ def read_table_arrow(tables_dir: Location, name: str, schema: pa.Schema | None =
         filesystem=filesystem,
         format="parquet",
         partitioning=ds.partitioning(PARTITION_SCHEMA, flavor="hive"),
+        # With a schema, a column added later reads as null from older files (pyarrow would
+        # otherwise take the first file's columns and drop the newer ones).
+        schema=None if schema is None else pa.unify_schemas([schema, PARTITION_SCHEMA]),
     )
     if not dataset.files:
         return _empty_table(schema)

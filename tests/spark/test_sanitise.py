@@ -41,6 +41,7 @@ class Record:
     qos: int = 1
     received_time: float = RECEIVED
     pack_id: int = 1
+    seq: int = 0
 
 
 def record(topic: str, payload: bytes = PAYLOAD) -> Record:

@@ -20,6 +20,7 @@ class Record:
     qos: int
     received_time: float
     pack_id: int
+    seq: int = 0
 
 
 def event(epc: str, stamp: str, event_num: int = 1) -> dict:
