@@ -1,32 +1,39 @@
-"""TierTwoBuffer: the bounded in-memory queue of packs waiting for the upstream connection.
+"""TierTwoBuffer: the bounded in-memory queue between the ledger and the upstream connection.
 
-Tier 1 is the inbound ledger: every message is durable there before it is acknowledged. Tier 2
-holds packs in memory between tier 1 and the OutboundLedger, which takes one pack at a time (it
-tells `Demand` when it can take the next). While upstream is down, tier 2 fills:
+Tier 1 is the inbound ledger: every message is durable there before it is acknowledged, and the
+upstream's feed reads it in seq order (persistence.inbound_ledger). Tier 2 takes from that feed
+only what fits under its caps (message count and payload bytes): it grants the ledger credit for
+the room it has, and grants again as packs leave. While the upstream is away tier 2 fills, the
+feed stops, and the rest waits in tier 1 on disk — in order, however long the outage, without
+pausing the source (HiveMQ Edge's tier 2 is unbounded; ours is not, DESIGN §3.4, §7.1).
 
-- it is capped by message count and bytes; a pack that does not fit keeps only its ids here and
-  its rows wait in tier 1, to be read back in order when tier 2 has room (HiveMQ Edge's tier 2 is
-  unbounded; ours is not, DESIGN §3.4);
-- past the high watermark the source is paused (the inbound ledger holds its acks, so the source
-  broker's Receive Maximum stops the flow) and it resumes at the low watermark;
-- a pack forwarded at QoS 0 only, at a full cap, is dropped by the `overflow` policy (drop_oldest
-  or drop_new) unless `persist_qos0`; every drop is counted and lands in dead_letters.
+The OutboundLedger takes one pack at a time: it tells `Demand` when it can take the next, and
+tier 2 hands it what it holds, up to `pack_size` messages, oldest first. So the packs are full
+while a backlog drains and a trickle goes out at once.
+
+QoS 0 upstream (a QoS 0 route or `persist = false`) is at most once: at a full cap tier 2 keeps
+taking such messages and `overflow` decides which go (`drop_oldest` | `drop_new`), each drop
+counted and reported to the ledger as an upstream dead letter (`overflow_dropped`) — unless
+`persist_qos0`, which makes them wait in tier 1 like the rest.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections import deque
 from dataclasses import dataclass
 
 import pykka
 
+from actors.feed import Grant
 from actors.pack import Pack, PackSealed
 from actors.routes import Route, route_for
-from persistence.inbound_ledger import Pause, Resume
+from persistence.inbound_ledger import Committed, Forwarded
+from persistence.records import UPSTREAM, LedgerRecord
 
 log = logging.getLogger(__name__)
+
+OVERFLOW_DROPPED = "overflow_dropped"
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,141 +45,160 @@ class TierTwoBuffer(pykka.ThreadingActor):
     def __init__(
         self,
         outbound: pykka.ActorRef,
-        writer: pykka.ActorRef,
-        source: pykka.ActorRef,
+        ledger: pykka.ActorRef,
         routes: tuple[Route, ...],
         *,
         max_messages: int = 10_000,
         max_bytes: int = 16 * 1024 * 1024,
-        high_watermark: float = 0.8,
         low_watermark: float = 0.5,
         overflow: str = "drop_oldest",
         persist_qos0: bool = False,
+        pack_size: int = 200,
     ) -> None:
         super().__init__()
         self._outbound = outbound
-        self._writer = writer
-        self._source = source  # the inbound ledger: Pause/Resume, and tier-1 reads
+        self._ledger = ledger
         self._routes = routes
         self._max_messages = max_messages
         self._max_bytes = max_bytes
-        self._high = high_watermark
         self._low = low_watermark
         self._overflow = overflow
         self._persist_qos0 = persist_qos0
-        self._queue: deque[Pack] = deque()
+        self._pack_size = pack_size
+        self._queue: deque[LedgerRecord] = deque()
         self._messages = 0
         self._bytes = 0
-        # Packs that found tier 2 full: only (pack id, seqs) are kept here.
-        self._spilled: deque[tuple[int, tuple[int, ...]]] = deque()
+        # Credit granted to the ledger and not yet used (the records it covers are on the way).
+        self._granted_messages = 0
+        self._granted_bytes = 0
         self._demand = 0
-        self._paused = False
+        self._next_pack_id = 1
+        self._full_logged = False
         self.dropped_qos0 = 0
-        self.pauses = 0
+        self.peak_messages = 0
+
+    def on_start(self) -> None:
+        self._grant()
 
     def on_receive(self, message: object) -> None:
-        if isinstance(message, PackSealed):
-            self._enqueue(message.pack)
+        if isinstance(message, Committed):
+            self._take(message.records)
         elif isinstance(message, Demand):
             self._demand += 1
         else:
             log.warning("tier-2 buffer ignored %r", message)
             return
         self._deliver()
+        self._grant()
 
     # -- in and out -------------------------------------------------------------------------
 
-    def _enqueue(self, pack: Pack) -> None:
-        if not self._room_for(pack) and self._droppable(pack):
-            if self._overflow == "drop_new":
-                self._drop(pack)
-                return
-            while not self._room_for(pack):
-                oldest = next((p for p in self._queue if self._droppable(p)), None)
-                if oldest is None:
-                    break
-                self._queue.remove(oldest)
-                self._account(oldest, -1)
-                self._drop(oldest)
-        if self._spilled or not self._room_for(pack):
-            if not self._spilled:
-                log.warning("tier-2 buffer full: further packs wait in tier 1 (the ledger)")
-            self._spilled.append((pack.pack_id, pack.seqs))
-        else:
-            self._queue.append(pack)
-            self._account(pack, +1)
-        self._check_watermarks()
+    def _take(self, records: tuple[LedgerRecord, ...]) -> None:
+        dropped: list[LedgerRecord] = []
+        for record in records:
+            self._granted_messages -= 1
+            self._granted_bytes -= record.size
+            if not self._room_for(record):
+                if self._droppable(record) and self._overflow == "drop_new":
+                    dropped.append(record)
+                    continue
+                oldest = next((r for r in self._queue if self._droppable(r)), None)
+                if oldest is not None:
+                    self._queue.remove(oldest)
+                    self._account(oldest, -1)
+                    dropped.append(oldest)
+            self._queue.append(record)
+            self._account(record, +1)
+        self.peak_messages = max(self.peak_messages, self._messages)
+        if dropped:
+            self._drop(dropped)
 
     def _deliver(self) -> None:
-        while self._demand:
-            self._refill()
-            if not self._queue:
-                return
-            pack = self._queue.popleft()
-            self._account(pack, -1)
+        while self._demand and self._queue:
+            records = []
+            while self._queue and len(records) < self._pack_size:
+                record = self._queue.popleft()
+                self._account(record, -1)
+                records.append(record)
+            pack_id, self._next_pack_id = self._next_pack_id, self._next_pack_id + 1
             self._demand -= 1
-            self._outbound.tell(PackSealed(pack))
-        self._check_watermarks()
+            self._outbound.tell(PackSealed(Pack(pack_id, tuple(records))))
+        if self._full_logged and self._fill() <= self._low:
+            self._full_logged = False
+            log.info("tier-2 buffer down to %.0f%%: taking from tier 1 again", 100 * self._fill())
 
-    def _refill(self) -> None:
-        """Read spilled packs back from tier 1, in order, while tier 2 is at its low mark."""
-        while self._spilled and self._fill() <= self._low:
-            pack_id, seqs = self._spilled.popleft()
-            records = self._source.proxy().records(seqs).get(timeout=30)
-            pack = Pack(pack_id, tuple(r.in_pack(pack_id) for r in records))
-            self._queue.append(pack)
-            self._account(pack, +1)
+    def _account(self, record: LedgerRecord, sign: int) -> None:
+        self._messages += sign
+        self._bytes += sign * record.size
 
-    def _account(self, pack: Pack, sign: int) -> None:
-        self._messages += sign * len(pack.records)
-        self._bytes += sign * sum(len(r.payload) for r in pack.records)
+    # -- credit -----------------------------------------------------------------------------
 
-    # -- caps -------------------------------------------------------------------------------
+    def _grant(self) -> None:
+        """Grant the ledger what fits under the caps beyond what is held and on the way; once
+        full, only again at the low watermark (a grant per message would cost a turn of the
+        ledger each). At a full cap, QoS 0 that may be dropped is still taken (see module)."""
+        room_messages = self._max_messages - self._messages - max(self._granted_messages, 0)
+        room_bytes = self._max_bytes - self._bytes - max(self._granted_bytes, 0)
+        if room_messages <= 0 or room_bytes <= 0:
+            if not self._full_logged:
+                self._full_logged = True
+                log.warning(
+                    "tier-2 buffer full (%d messages, %d bytes): the upstream's backlog waits "
+                    "in tier 1 (the ledger)",
+                    self._messages,
+                    self._bytes,
+                )
+            self._grant_overflow()
+            return
+        waiting = self._granted_messages > 0
+        if waiting and self._fill(room_messages, room_bytes) > self._low:
+            return  # enough credit is out already
+        self._granted_messages += room_messages
+        self._granted_bytes += room_bytes
+        self._ledger.tell(Grant(UPSTREAM, room_messages, room_bytes))
 
-    def _room_for(self, pack: Pack) -> bool:
-        return (
-            self._messages + len(pack.records) <= self._max_messages
-            and self._bytes + sum(len(r.payload) for r in pack.records) <= self._max_bytes
+    def _grant_overflow(self) -> None:
+        """At a full cap: credit for as many messages as the droppable ones held could make
+        room for, so that QoS 0 keeps flowing at most once instead of waiting in tier 1."""
+        if self._persist_qos0 or self._granted_messages > 0:
+            return
+        droppable = [r for r in self._queue if self._droppable(r)]
+        if droppable:
+            count, size = len(droppable), sum(r.size for r in droppable)
+            self._granted_messages += count
+            self._granted_bytes += size
+            self._ledger.tell(Grant(UPSTREAM, count, size))
+
+    def _fill(self, room_messages: int | None = None, room_bytes: int | None = None) -> float:
+        """How full tier 2 is: by what it holds, or (with the rooms) by what it has promised."""
+        if room_messages is None or room_bytes is None:
+            return max(self._messages / self._max_messages, self._bytes / self._max_bytes)
+        return max(
+            1 - room_messages / self._max_messages,
+            1 - room_bytes / self._max_bytes,
         )
 
-    def _fill(self) -> float:
-        return max(self._messages / self._max_messages, self._bytes / self._max_bytes)
+    def _room_for(self, record: LedgerRecord) -> bool:
+        # A payload larger than the byte cap still passes, alone: it would block the feed.
+        return self._messages + 1 <= self._max_messages and (
+            self._bytes + record.size <= self._max_bytes or not self._queue
+        )
 
-    def _check_watermarks(self) -> None:
-        fill = self._fill()
-        if not self._paused and (fill >= self._high or self._spilled):
-            self._paused = True
-            self.pauses += 1
-            log.warning(
-                "tier-2 buffer %.0f%% full (%d messages, %d bytes): pausing the source",
-                100 * fill,
-                self._messages,
-                self._bytes,
-            )
-            self._source.tell(Pause("tier2"))
-        elif self._paused and fill <= self._low and not self._spilled:
-            self._paused = False
-            log.info("tier-2 buffer down to %.0f%%: resuming the source", 100 * fill)
-            self._source.tell(Resume("tier2"))
+    # -- QoS 0 overflow ---------------------------------------------------------------------
 
-    def _droppable(self, pack: Pack) -> bool:
-        """Forwarded at QoS 0 only, and not to be persisted: at-most-once may be dropped."""
+    def _droppable(self, record: LedgerRecord) -> bool:
+        """Forwarded at QoS 0 and not to be persisted: at most once, may be dropped."""
         if self._persist_qos0:
             return False
-        routes = [route_for(self._routes, r.topic) for r in pack.records]
-        return any(routes) and all(r is None or r.effective_qos == 0 for r in routes)
+        route = route_for(self._routes, record.topic)
+        return route is not None and route.effective_qos == 0
 
-    def _drop(self, pack: Pack) -> None:
-        records = tuple(
-            r
-            if route_for(self._routes, r.topic) is None
-            else dataclasses.replace(r, dead_reason="overflow_dropped")
-            for r in pack.records
+    def _drop(self, records: list[LedgerRecord]) -> None:
+        self.dropped_qos0 += len(records)
+        log.warning(
+            "tier-2 buffer full: dropped %d QoS 0 message(s) (%s)", len(records), self._overflow
         )
-        dropped = sum(1 for r in records if r.dead_reason)
-        self.dropped_qos0 += dropped
-        log.warning("tier-2 buffer full: dropped %d QoS 0 message(s) (%s)", dropped, self._overflow)
-        self._writer.tell(PackSealed(Pack(pack.pack_id, records)))
+        self._ledger.tell(Forwarded((), tuple((r.seq, OVERFLOW_DROPPED) for r in records)))
 
     # -- status -----------------------------------------------------------------------------
 
@@ -180,7 +206,7 @@ class TierTwoBuffer(pykka.ThreadingActor):
         return {
             "tier2_messages": self._messages,
             "tier2_bytes": self._bytes,
-            "tier1_waiting_packs": len(self._spilled),
-            "paused_source": self._paused,
+            "tier2_peak_messages": self.peak_messages,
+            "credit_out": max(self._granted_messages, 0),
             "dropped_qos0": self.dropped_qos0,
         }

@@ -1,4 +1,4 @@
-"""The `fxgate` command: run the gateway, simulate readers, show status, check a table."""
+"""The `fxgate` command: run the gateway, simulate readers, show status, check or audit a table."""
 
 from __future__ import annotations
 
@@ -216,6 +216,63 @@ def report(config_path: Path | None, manifest: Path) -> None:
         click.echo(line)
     click.echo("EXACT: every published read landed once" if result.exact else "MISMATCH")
     sys.exit(0 if result.exact else 1)
+
+
+@main.command()
+@config_option
+@click.option(
+    "--tables",
+    "tables_dirs",
+    multiple=True,
+    help="a tables directory (path or URI) to audit, repeatable: give every gateway's of one "
+    "shared group; without it, the config's tables directory",
+)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool) -> None:
+    """Find every lost read: the eventNum gaps per reader in the reads table.
+
+    Exit status 0 when nothing is missing, 1 when something is, 2 when it could not audit."""
+    from spark.audit import AuditError, audit_tables, check_tables_dir
+    from spark.location import parse_location
+    from spark.session import build_session, stop_session
+
+    config = _load(config_path)
+    try:
+        locations = [parse_location(text) for text in tables_dirs] or [
+            config.spark.tables_path(config.gateway.data_path)
+        ]
+        for location in locations:
+            check_tables_dir(location)  # a wrong path fails before a JVM starts
+    except (ValueError, AuditError) as error:
+        click.echo(f"fxgate audit: could not audit: {error}", err=True)
+        sys.exit(2)
+    try:
+        session = build_session(
+            config.spark.master,
+            config.gateway.data_path / "spark-audit",
+            driver_memory=config.spark.driver_memory,
+            conf=dict(config.spark.conf),
+        )
+        try:
+            result = audit_tables(session, locations)
+        finally:
+            stop_session(session)
+    except AuditError as error:
+        click.echo(f"fxgate audit: could not audit: {error}", err=True)
+        sys.exit(2)
+    except Exception as error:  # a Spark failure: the audit says nothing about the reads
+        first = (str(error).strip().splitlines() or [""])[0]  # py4j appends the Java stack
+        click.echo(
+            f"fxgate audit: could not audit: Spark failed: {type(error).__name__}: {first}",
+            err=True,
+        )
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        for line in result.lines():
+            click.echo(line)
+    sys.exit(0 if result.complete else 1)
 
 
 @main.command()

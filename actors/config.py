@@ -344,13 +344,16 @@ class RouteConfig(_Section):
 
 
 class BufferConfig(_Section):
-    """Tier 2: the bounded in-memory buffer between the durable tier-1 queue and the upstream
-    connection (§3.4). Past the high watermark of either cap, intake from tier 1 stops; it
-    resumes below the low watermark of both."""
+    """Tier 2: the bounded in-memory buffer between the durable tier-1 ledger and the upstream
+    connection (§3.4). At either cap it takes no more from tier 1, and the upstream's backlog
+    waits there, on disk; it takes again once what it holds and has asked for is down to the low
+    watermark. A full tier 2 never pauses the source (only the ledger's disk budget does)."""
 
     max_messages: int = Field(10000, ge=1)
     max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    high_watermark: float = Field(0.8, gt=0, le=1)
+    # No longer used: a full tier 2 paused the source until the ledger became the buffer of
+    # both sinks. Accepted, so that older configuration files still load, with a warning.
+    high_watermark: float | None = Field(None, gt=0, le=1)
     low_watermark: float = Field(0.5, gt=0, lt=1)
     # What happens to a QoS 0 message at a full cap; QoS 1/2 are never dropped, they wait in tier 1.
     overflow: Literal["drop_oldest", "drop_new"] = "drop_oldest"
@@ -375,6 +378,11 @@ class LedgerConfig(_Section):
     intake_max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
     # How each row's message_id is formed (persistence.keys.READ_KEYS).
     idempotency_key: Literal["payload_hash", "read_fields"] = "payload_hash"
+    # The disk budget (persistence/disk_budget.py): the ledger's files may use max_bytes, and
+    # their file system must keep min_free_bytes free; past either, the source is paused (its
+    # socket not read) until the sinks catch up. The README, "Disk budget", has the arithmetic.
+    max_bytes: int = Field(4 * 1024**3, ge=64 * 1024)
+    min_free_bytes: int = Field(1024**3, ge=0)
 
 
 class PacksConfig(_Section):
@@ -406,9 +414,12 @@ class SparkConfig(_Section):
     # dead_letters (`oversized`, `too_many_reads`) with its payload cut to max_payload_bytes.
     max_payload_bytes: int = Field(1024 * 1024, ge=1024)
     max_reads_per_message: int = Field(10000, ge=1)
-    # Backpressure from the writer: above high rows waiting, intake pauses; below low, it resumes.
+    # The writer's credit with the ledger: at most backlog_high_messages (and
+    # backlog_high_bytes of payload) handed to the packs and the writer and not yet written; more
+    # is asked for once no more than backlog_low_messages wait. The rest waits in the ledger.
     backlog_high_messages: int = Field(100000, ge=1)
     backlog_low_messages: int = Field(50000, ge=0)
+    backlog_high_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     driver_memory: Annotated[str, AfterValidator(_memory_size)] = "512m"
     conf: Annotated[dict[str, SparkConfValue], AfterValidator(_non_empty_key)] = Field(
         default_factory=dict
@@ -526,6 +537,11 @@ class Config(BaseModel):
                 "connect, so QoS 1/2 messages in flight at a disconnect are sent again under new "
                 "packet ids and may arrive twice"
             )
+        if self.buffer.high_watermark is not None:
+            warnings.append(
+                "buffer.high_watermark is no longer used: a full tier 2 leaves the upstream's "
+                "backlog in the ledger and never pauses the source (remove the key)"
+            )
         warnings.extend(_source_session_warnings(self.source))
         return warnings
 
@@ -570,7 +586,7 @@ class Config(BaseModel):
                 ),
                 (
                     f"tier-2 buffer {buffer.max_messages} messages / {buffer.max_bytes} bytes, "
-                    f"watermarks {buffer.high_watermark:g}/{buffer.low_watermark:g}, "
+                    f"low watermark {buffer.low_watermark:g}, "
                     f"overflow {buffer.overflow} (QoS 0 only), "
                     f"persist_qos0 {'true' if buffer.persist_qos0 else 'false'}"
                 ),
@@ -579,7 +595,7 @@ class Config(BaseModel):
             f"data dir {gateway.data_path} (ledger {self.ledger_path})",
             (
                 f"spark master {spark.master}, driver memory {spark.driver_memory}, "
-                f"tables {self.tables_path}, backlog watermarks "
+                f"tables {self.tables_path}, writer credit "
                 f"{spark.backlog_high_messages}/{spark.backlog_low_messages} rows, "
                 f"extra conf keys: {conf_keys}"
             ),

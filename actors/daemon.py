@@ -33,6 +33,7 @@ from actors.clock import Clock, RealClock, TimerHandle
 from actors.config import Config
 from actors.metrics import HealthThresholds, MetricsServer, StatusBoard
 from actors.supervisor import ActorCrashed, Supervisor
+from persistence.database import SchemaTooNew, check_versions
 from persistence.permissions import private_directory
 from persistence.storage_faults import corrupt_files
 
@@ -46,6 +47,9 @@ EXIT_STOP_TIMEOUT = 3
 # A database file was found corrupt and moved aside (persistence.storage_faults): no restart can
 # help until the operator salvages or removes it, so a service manager must not retry.
 EXIT_CORRUPT_DATABASE = 4
+# A database file was written by a newer fxgate (DESIGN §7.11): refused and left as it is, like
+# a bad configuration (exit 2), which a service manager must not retry either.
+EXIT_SCHEMA_TOO_NEW = 2
 
 
 def configure_logging(level: str) -> None:
@@ -242,6 +246,11 @@ class Gateway:
         cfg = self.config.gateway
         budget = RestartBudget(cfg.max_restarts, cfg.restart_window_seconds)
         private_directory(cfg.data_path)  # owner-only from the first moment (README, Security)
+        try:
+            check_versions(cfg.data_path)
+        except SchemaTooNew as error:
+            log.critical("not starting: %s", error)
+            return EXIT_SCHEMA_TOO_NEW
         code = 0
         if self.metrics is not None:
             self._start_metrics()

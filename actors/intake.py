@@ -12,6 +12,12 @@ goes on once the ledger is down to half of both limits.
 
 While the network thread waits it sends nothing either (acks queue behind it, and PINGREQ), so
 the limits are sized for waits of milliseconds: the ledger takes thousands of messages a second.
+
+The same gate pauses the source for as long as the ledger is at its disk budget (`hold`): the
+next packet waits, so the socket is no longer read and the broker's queue limits decide what
+happens to what the readers send meanwhile (DESIGN §7.4). Such a hold can last longer than the
+keep-alive: mosquitto then closes the connection (it heard no PINGREQ), keeps the session, and
+the source reconnects when the gate opens again.
 """
 
 from __future__ import annotations
@@ -67,6 +73,7 @@ class IntakeGate:
         self._messages = 0
         self._bytes = 0
         self._closed = False
+        self._held_by: set[str] = set()
         self._interrupts = 0
         self._waiting = False  # the network thread is in _hold
         self._peak_messages = 0
@@ -91,6 +98,22 @@ class IntakeGate:
             self._bytes = max(0, self._bytes - size)
             if self._waiting and self._below_low():
                 self._cond.notify_all()
+
+    def hold(self, reason: str) -> None:
+        """Let nothing more in until `release(reason)` (and every other hold) is called."""
+        with self._cond:
+            self._held_by.add(reason)
+
+    def release(self, reason: str) -> None:
+        with self._cond:
+            self._held_by.discard(reason)
+            if self._waiting:
+                self._cond.notify_all()
+
+    @property
+    def held_by(self) -> tuple[str, ...]:
+        with self._cond:
+            return tuple(sorted(self._held_by))
 
     def interrupt(self) -> None:
         with self._cond:
@@ -118,12 +141,18 @@ class IntakeGate:
     def _over(self) -> bool:
         # A single payload larger than max_bytes still gets in, alone: refusing it would stall
         # the source for good (the ledger dead-letters oversized payloads).
-        return self._messages >= self._max_messages or (
-            self._bytes >= self._max_bytes and self._messages > 0
+        return (
+            bool(self._held_by)
+            or self._messages >= self._max_messages
+            or (self._bytes >= self._max_bytes and self._messages > 0)
         )
 
     def _below_low(self) -> bool:
-        return self._messages <= self._low_messages and self._bytes <= self._low_bytes
+        return (
+            not self._held_by
+            and self._messages <= self._low_messages
+            and self._bytes <= self._low_bytes
+        )
 
     def _hold(self) -> None:
         began = self._monotonic()

@@ -43,7 +43,7 @@ import pykka
 from actors.clock import Clock
 from actors.crashpoints import crash_point
 from actors.lifecycle_reasons import LocalCause, disconnection_reason
-from persistence.database import SYNCHRONOUS, connect_sqlite
+from persistence.database import LIFECYCLE_VERSION, SYNCHRONOUS, connect_sqlite
 from persistence.storage_faults import StorageUnavailable, describe, is_storage_fault
 
 if TYPE_CHECKING:  # actors.connection tells this module's messages: no import cycle at run time
@@ -196,7 +196,9 @@ class LifecycleActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         # Opened here, not in __init__: sqlite3 connections refuse threads other than their own.
-        self._db = connect_sqlite(self._path, self._durability, SCHEMA)
+        self._db = connect_sqlite(
+            self._path, self._durability, SCHEMA, LIFECYCLE_VERSION, table="clients"
+        )
         for row in self._db.execute(
             "SELECT client_id, name, authentication_name, host, port, fingerprint, created_on,"
             " updated_on, sequence_number, state, session_name, last_reason, last_event_time"

@@ -159,6 +159,12 @@ def _storage_reasons(snapshot: dict, limits: HealthThresholds) -> list[str]:
     Spark after `spark_failures` failed attempts in a row."""
     reasons = []
     ledger = snapshot.get("ledger") or {}
+    budget = ledger.get("budget") or {}
+    if budget.get("paused"):
+        reasons.append(
+            f"source paused: the ledger is at its disk budget ({budget.get('describe')}); "
+            "the broker's queue limits decide what is lost until the sinks catch up"
+        )
     if ledger.get("storage_error"):
         reasons.append(
             f"inbound ledger cannot write for {ledger.get('storage_failing_seconds') or 0:.0f} s "
@@ -299,11 +305,8 @@ def _ledger(snapshot: dict) -> Iterator[Metric]:
             "Messages in the inbound ledger not yet landed in the table.",
             ledger.get("pending") or 0,  # None while the ledger cannot be read
         )
-        yield _gauge(
-            "fxgate_ledger_held_acks",
-            "Acks held until their rows are committed.",
-            ledger.get("held_acks", 0),
-        )
+        yield from _sinks(ledger)
+        yield from _budget(ledger)
         yield _gauge(
             "fxgate_ledger_awaiting_pubrel",
             "Inbound QoS 2 messages stored and waiting for PUBREL.",
@@ -338,6 +341,59 @@ def _ledger(snapshot: dict) -> Iterator[Metric]:
         )
 
 
+def _sinks(ledger: dict) -> Iterator[Metric]:
+    """Each sink's own lag (DESIGN §7.1): what it still owes, and how old the oldest is."""
+    lags = ledger.get("lag") or {}
+    if not lags:
+        return
+    messages = GaugeMetricFamily(
+        "fxgate_sink_lag_messages",
+        "Messages stored in the ledger that this sink (table, upstream) has not finished.",
+        labels=["sink"],
+    )
+    seconds = GaugeMetricFamily(
+        "fxgate_sink_lag_seconds",
+        "Age of the oldest message this sink has not finished (0 when none).",
+        labels=["sink"],
+    )
+    for sink, lag in sorted(lags.items()):
+        messages.add_metric([sink], lag.get("messages") or 0)
+        seconds.add_metric([sink], lag.get("oldest_age_seconds") or 0.0)
+    yield from (messages, seconds)
+
+
+def _budget(ledger: dict) -> Iterator[Metric]:
+    budget = ledger.get("budget")
+    if not budget:
+        return
+    yield _gauge(
+        "fxgate_source_paused",
+        "1 while the ledger is at its disk budget and the source's socket is not read.",
+        bool(budget.get("paused")),
+    )
+    yield _counter(
+        "fxgate_source_pauses",
+        "Times the ledger reached its disk budget and paused the source.",
+        budget.get("pauses", 0),
+    )
+    yield _gauge(
+        "fxgate_ledger_budget_bytes",
+        "The ledger's disk budget ([ledger] max_bytes).",
+        budget["max_bytes"],
+    )
+    if budget.get("used_bytes") is not None:
+        yield _gauge(
+            "fxgate_ledger_used_bytes",
+            "Bytes the ledger's file uses (used SQLite pages and the write-ahead log).",
+            budget["used_bytes"],
+        )
+        yield _gauge(
+            "fxgate_ledger_free_bytes",
+            "Free bytes on the ledger's file system ([ledger] min_free_bytes must stay free).",
+            budget["free_bytes"],
+        )
+
+
 def _forwarding(snapshot: dict) -> Iterator[Metric]:
     buffer = snapshot.get("buffer")
     if buffer is not None:
@@ -345,16 +401,6 @@ def _forwarding(snapshot: dict) -> Iterator[Metric]:
             "fxgate_tier2_messages", "Messages in the tier-2 buffer.", buffer["tier2_messages"]
         )
         yield _gauge("fxgate_tier2_bytes", "Bytes in the tier-2 buffer.", buffer["tier2_bytes"])
-        yield _gauge(
-            "fxgate_tier1_waiting_packs",
-            "Packs waiting in the durable tier-1 queue.",
-            buffer["tier1_waiting_packs"],
-        )
-        yield _gauge(
-            "fxgate_source_paused",
-            "1 while the buffer holds the source back (past the high watermark).",
-            bool(buffer["paused_source"]),
-        )
         yield _counter(
             "fxgate_dropped_qos0",
             "QoS 0 messages dropped at a full tier-2 buffer.",

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from actors.config import Config
 from actors.daemon import status_path
+from persistence.disk_budget import human
 from persistence.storage_faults import corrupt_files
 
 
@@ -31,48 +32,49 @@ def _pid_alive(pid: int | None) -> bool:
 
 def _ledger(path: Path) -> dict:
     from persistence.database import open_engine
+    from persistence.ledger_store import PACK_COUNTER, LedgerStore
+    from persistence.records import TABLE, UPSTREAM
 
     if not path.exists():
         return {"exists": False}
     engine = open_engine(path, readonly=True)
+    store = LedgerStore(engine, path)
     try:
-        with engine.connect() as conn:
 
-            def scalar(sql: str):
-                return conn.exec_driver_sql(sql).scalar()
+        def scalar(sql: str):
+            return store.conn.exec_driver_sql(sql).scalar()
 
-            last = conn.exec_driver_sql(
-                "SELECT batch_id, committed_time, rows, dead_letters FROM batches "
-                "WHERE state = 'committed' ORDER BY batch_id DESC LIMIT 1"
-            ).first()
-            return {
-                "exists": True,
-                "pending_messages": scalar(
-                    "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
-                ),
-                # When the oldest read not yet in the table arrived: the table's lag.
-                "oldest_pending_received_time": scalar(
-                    "SELECT min(received_time) FROM inbound WHERE landed_time IS NULL"
-                ),
-                "last_pack_id": scalar("SELECT value FROM counters WHERE name = 'pack_id'"),
-                "awaiting_pubrel": scalar(
-                    "SELECT count(*) FROM inbound WHERE packet_id IS NOT NULL"
-                ),
-                "batches_committed": scalar(
-                    "SELECT count(*) FROM batches WHERE state = 'committed'"
-                ),
-                "batches_open": scalar("SELECT count(*) FROM batches WHERE state = 'writing'"),
-                "last_batch": None
-                if last is None
-                else {
-                    "batch_id": last[0],
-                    "committed_time": last[1],
-                    "rows": last[2],
-                    "dead_letters": last[3],
-                },
-            }
+        last = store.conn.exec_driver_sql(
+            "SELECT batch_id, committed_time, rows, dead_letters FROM batches "
+            "WHERE state = 'committed' ORDER BY batch_id DESC LIMIT 1"
+        ).first()
+        table, upstream = store.lag(TABLE), store.lag(UPSTREAM)
+        usage = store.usage()
+        return {
+            "exists": True,
+            "pending_messages": table.messages,
+            # When the oldest read not yet in the table arrived: the table's lag.
+            "oldest_pending_received_time": table.oldest_received_time,
+            # The same for the upstream: messages not yet acknowledged there (nor given up on).
+            "upstream_pending_messages": upstream.messages,
+            "oldest_upstream_received_time": upstream.oldest_received_time,
+            "used_bytes": usage.used_bytes,
+            "free_bytes": usage.free_bytes,
+            "last_pack_id": store.counter(PACK_COUNTER) or None,
+            "awaiting_pubrel": len(store.awaiting_pubrel()),
+            "batches_committed": scalar("SELECT count(*) FROM batches WHERE state = 'committed'"),
+            "batches_open": scalar("SELECT count(*) FROM batches WHERE state = 'writing'"),
+            "last_batch": None
+            if last is None
+            else {
+                "batch_id": last[0],
+                "committed_time": last[1],
+                "rows": last[2],
+                "dead_letters": last[3],
+            },
+        }
     finally:
-        engine.dispose()
+        store.close()
 
 
 def _tables(tables_dir: Path | str) -> dict:
@@ -95,9 +97,17 @@ def collect_status(config: Config, now: float | None = None) -> dict:
     ledger = _ledger(config.gateway.ledger_path)
     corrupt = [str(p) for p in corrupt_files(config.gateway.data_path)]
     oldest = ledger.get("oldest_pending_received_time")
+    oldest_upstream = ledger.get("oldest_upstream_received_time")
     return {
         "now": now,
         "table_lag_seconds": None if oldest is None else max(0.0, now - oldest),
+        "upstream_lag_seconds": None
+        if oldest_upstream is None
+        else max(0.0, now - oldest_upstream),
+        "budget": {
+            "max_bytes": config.ledger.max_bytes,
+            "min_free_bytes": config.ledger.min_free_bytes,
+        },
         "daemon": daemon,
         "ledger": ledger,
         "tables": _tables(config.spark.tables_path(config.gateway.data_path)),
@@ -136,10 +146,8 @@ def format_status(report: dict) -> str:
         lines.append(
             f"forwarding: {outbound['in_flight']} in flight (window {outbound['window']}), "
             f"tier 2 {outbound['tier2_messages']} messages / {outbound['tier2_bytes']} bytes, "
-            f"{outbound['tier1_waiting_packs']} pack(s) waiting in tier 1, "
             f"{outbound['forwarded']} forwarded, {outbound['dead']} dead-lettered, "
             f"{outbound['dropped_qos0']} QoS 0 dropped"
-            + (", source paused" if outbound["paused_source"] else "")
         )
     clients = (daemon.get("lifecycle") or []) if daemon.get("running") else []
     for client in clients:
@@ -154,9 +162,15 @@ def format_status(report: dict) -> str:
         intake = daemon.get("intake") or {}
         lines.append(
             f"intake:     {intake.get('waiting_messages', 0)} message(s) handed to the ledger "
-            f"and not yet stored, {live.get('held_acks', 0)} ack(s) and "
-            f"{live.get('held_rows', 0)} row(s) held; source paused: {paused}"
+            f"and not yet stored; source paused: {paused}"
         )
+        budget = live.get("budget") or {}
+        if budget.get("paused"):
+            lines.append(
+                f"PAUSED:     the ledger is at its disk budget ({budget.get('describe')}): the "
+                "source's socket is not read; the broker's queue limits decide what is lost "
+                "until the sinks catch up"
+            )
         if live.get("storage_error"):
             lines.append(
                 f"STORAGE:    the ledger cannot write for "
@@ -196,8 +210,25 @@ def format_status(report: dict) -> str:
         lines.append(
             "table lag:  none (every stored read is in the table)"
             if lag is None
-            else f"table lag:  {lag:.1f} s (the oldest read not yet in the table arrived then)"
+            else f"table lag:  {lag:.1f} s, {ledger['pending_messages']} message(s) "
+            "(the oldest read not yet in the table arrived then)"
         )
+        upstream_lag = report.get("upstream_lag_seconds")
+        if upstream_lag is not None or daemon.get("outbound"):
+            lines.append(
+                "upstream lag: none (every stored read that goes upstream is there)"
+                if upstream_lag is None
+                else f"upstream lag: {upstream_lag:.1f} s, "
+                f"{ledger.get('upstream_pending_messages', 0)} message(s) not yet acknowledged "
+                "upstream"
+            )
+        budget = report.get("budget")
+        if budget and ledger.get("used_bytes") is not None:
+            lines.append(
+                f"disk:       ledger uses {human(ledger['used_bytes'])} of its "
+                f"{human(budget['max_bytes'])} budget; {human(ledger['free_bytes'])} free "
+                f"(at least {human(budget['min_free_bytes'])} must stay free)"
+            )
         last = ledger.get("last_batch")
         if last:
             lines.append(

@@ -1,9 +1,11 @@
 """Supervisor: starts the actors in dependency order, watches them, stops them in reverse.
 
-Order: ledger (owns the database) -> lifecycle -> Spark writer -> pack actor -> source
-connection (forwarding: outbound, buffer and upstream before the pack actor). The
-connection comes last so that nothing is acknowledged before the whole path can take it, and it
-goes first on the way down so that nothing new arrives while packs and batches are flushed.
+Order: ledger (owns the database) -> lifecycle -> Spark writer -> pack actor -> (forwarding:
+outbound, tier-2 buffer, upstream connection) -> source connection. The ledger feeds the two
+sinks on their own: the pack actor and the writer (the table), and the buffer and the outbound
+ledger (the upstream); neither waits for the other (DESIGN §7.1). The source comes last so that
+nothing is acknowledged before the whole path can take it, and it goes first on the way down so
+that nothing new arrives while packs and batches are flushed.
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ from actors.intake import IntakeGate
 from actors.lifecycle import ClientsConfigured, LifecycleActor, client_info
 from actors.lifecycle_sink import LedgerEventSink, SourceEventSink
 from actors.pack import PackActor
-from actors.routes import lifecycle_filter, lifecycle_route
+from actors.routes import Route, lifecycle_filter, lifecycle_route, route_for
 from actors.upstream_client import UpstreamClient
+from persistence.disk_budget import DiskBudget
 from persistence.inbound_ledger import InboundLedger, TakeReplays
 from persistence.outbound_ledger import OutboundLedger
 from persistence.permissions import private_directory
@@ -154,6 +157,7 @@ class Supervisor:
         self.intake = IntakeGate(
             cfg.ledger.intake_max_messages, cfg.ledger.intake_max_bytes, self.clock.monotonic
         )
+        routes = self.upstream_routes()
         try:
             ledger = self._start(
                 "ledger",
@@ -166,6 +170,10 @@ class Supervisor:
                 # A landed key is kept as long as the broker may still redeliver its message.
                 retention_seconds=cfg.source.session_expiry_interval_seconds + 600.0,
                 intake=self.intake,
+                forward_topic=None
+                if not cfg.forwarding
+                else (lambda topic: route_for(routes, topic) is not None),
+                budget=DiskBudget(cfg.ledger.max_bytes, cfg.ledger.min_free_bytes),
             )
             # Right after the ledger, which stores its events (so none is emitted before they
             # can be stored), and before the connections, so it stops after them and records
@@ -213,19 +221,16 @@ class Supervisor:
                 idempotency_key=cfg.ledger.idempotency_key,
                 backlog_high=cfg.spark.backlog_high_messages,
                 backlog_low=cfg.spark.backlog_low_messages,
+                backlog_high_bytes=cfg.spark.backlog_high_bytes,
                 events_filter=lifecycle_filter(cfg.lifecycle.topic, cfg.identity.environment_id),
                 on_health=self._on_writer_health,
                 max_payload_bytes=cfg.spark.max_payload_bytes,
                 max_reads_per_message=cfg.spark.max_reads_per_message,
             )
-            # With forwarding, packs go upstream first; acknowledged packs go on to the writer.
-            pack_target = writer
-            if cfg.forwarding:
-                pack_target = self._start_forwarding(ledger, writer)
             pack = self._start(
                 "packs",
                 PackActor,
-                pack_target,
+                writer,
                 self.clock,
                 max_messages=cfg.packs.max_messages,
                 linger_seconds=cfg.packs.linger_seconds,
@@ -235,6 +240,8 @@ class Supervisor:
             for batch_id, records in recovery.open_batches:
                 writer.tell(ReplayBatch(batch_id, records))
             ledger.proxy().set_listener(pack).get(timeout=ASK_TIMEOUT)
+            if cfg.forwarding:
+                self._start_forwarding(ledger, routes)
             source = self._start(
                 "source",
                 ConnectionActor,
@@ -251,16 +258,22 @@ class Supervisor:
             raise
         log.info("fxgate started: %s", ", ".join(name for name, _ in self._actors))
 
-    def _start_forwarding(self, ledger: pykka.ActorRef, writer: pykka.ActorRef) -> pykka.ActorRef:
+    def upstream_routes(self) -> tuple[Route, ...]:
+        """What goes upstream: the life-cycle events on their own topic, then the file's
+        routes; nothing when forwarding is off."""
         cfg = self.config
-        # Life-cycle events go upstream on their own topic, ahead of the file's routes.
-        routes = (lifecycle_route(cfg.lifecycle.topic, cfg.identity.environment_id), *cfg.routes)
+        if not cfg.forwarding:
+            return ()
+        return (lifecycle_route(cfg.lifecycle.topic, cfg.identity.environment_id), *cfg.routes)
+
+    def _start_forwarding(self, ledger: pykka.ActorRef, routes: tuple[Route, ...]) -> None:
+        cfg = self.config
         outbound = self._start(
             "outbound",
             OutboundLedger,
             cfg.gateway.data_path / "outbound.sqlite",
             self.clock,
-            writer,
+            ledger,
             routes,
             cfg.identity.environment_id,
             durability=cfg.gateway.durability,
@@ -269,24 +282,21 @@ class Supervisor:
             ack_strategy=cfg.packs.ack_strategy,
             retries=cfg.packs.retries,
         )
-        # Not waited for: the writer may still be starting its Spark session (55 s was seen on a
-        # loaded machine), and its mailbox keeps this ahead of every pack anyway.
-        writer.proxy().set_landed_listener(outbound)
         buffer = self._start(
             "buffer",
             TierTwoBuffer,
             outbound,
-            writer,
             ledger,
             routes,
             max_messages=cfg.buffer.max_messages,
             max_bytes=cfg.buffer.max_bytes,
-            high_watermark=cfg.buffer.high_watermark,
             low_watermark=cfg.buffer.low_watermark,
             overflow=cfg.buffer.overflow,
             persist_qos0=cfg.buffer.persist_qos0,
+            pack_size=cfg.packs.max_messages,
         )
         outbound.proxy().set_buffer(buffer).get(timeout=ASK_TIMEOUT)
+        ledger.proxy().set_forwarder(buffer).get(timeout=ASK_TIMEOUT)
         self._start(
             "upstream",
             ConnectionActor,
@@ -296,7 +306,6 @@ class Supervisor:
             client_factory=upstream_client_factory(outbound),
             lifecycle=self.ref("lifecycle"),
         )
-        return buffer
 
     def _start(self, name: str, actor_class, *args, **kwargs) -> pykka.ActorRef:
         ref = actor_class.start(*args, **kwargs)

@@ -1,9 +1,20 @@
-"""InboundLedger: the actor that owns the ledger database and every inbound acknowledgement.
+"""InboundLedger: the actor that owns the ledger database, every inbound acknowledgement, and the
+two feeds that read the ledger out to its sinks.
 
 A message is acknowledged to the broker only after its row is committed (DESIGN §2, §3.3):
 QoS 1 PUBACK, QoS 2 PUBREC (paho would send it on arrival; see actors.mqtt_client) and the QoS 2
 PUBCOMP after the release is recorded. Acks wait for a group commit that is shared by everything
 that arrived meanwhile, so durability costs one fsync per group, not per message.
+
+The ledger is the buffer (DESIGN §2, §7.1). Two sinks read it, each through its own feed
+(actors.feed): the table (PackActor -> SparkWriterActor) and, with forwarding, the upstream
+(TierTwoBuffer -> OutboundLedger). Each sink grants credit; committed rows go to it while its
+credit lasts, and wait on disk otherwise, read back in seq order when it grants more. Neither a
+slow Spark nor an upstream outage holds the source: it is acknowledged as soon as a message is
+committed. Each sink records its progress in its own file first and then tells the ledger (the
+writer's batch commit; the outbound ledger's `Forwarded`), and a payload is deleted once every
+sink that owes it is done. Only the disk budget (persistence.disk_budget) pauses the source, by
+holding the intake gate so that its socket is no longer read (DESIGN §7.4).
 
 Duplicates are recognised by the message's idempotency key, which stays in the ledger for
 `retention_seconds` after the row has landed: a QoS 1 redelivery (DUP=1) or a QoS 2 re-sent PUBLISH
@@ -11,7 +22,7 @@ of a stored message is acknowledged again without a second row.
 
 Storage faults (disk full, read-only, I/O errors: persistence.storage_faults) never kill the
 actor: a restart would meet the same full disk, and the restart budget would end the daemon. The
-failed group is rolled back, its acks are never sent, and its packets go back, in order, to the
+failed group is rolled back, its acks are never sent, and its inputs go back, in order, to the
 front of an in-memory backlog; what arrives meanwhile joins the backlog without being stored or
 acknowledged. The backlog is bounded without a limit of its own: with no acks the broker stops at
 our Receive Maximum (tests/actors/test_mosquitto_facts.py), and packets waiting in the
@@ -27,65 +38,50 @@ fails leaves the backlog unacknowledged: the broker redelivers it after the next
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections import deque
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pykka
-from sqlalchemy import Connection, func, select
 
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.connection import Inbound, SessionEnded, SessionStarted
 from actors.crashpoints import crash_point
+from actors.feed import Feed, Grant
 from actors.intake import IntakeGate, packet_size
 from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
 from persistence import database as db
+from persistence.disk_budget import DiskBudget
 from persistence.keys import message_key as default_message_key
+from persistence.ledger_store import PACK_COUNTER, LedgerStore, seq_runs
+from persistence.records import TABLE, UPSTREAM, DiskUsage, LedgerRecord, ReaderCount
 from persistence.replay import pending_requests, read_request, replay_key
 from persistence.storage_faults import StorageUnavailable, cannot_open, describe, is_storage_fault
 from spark.zebra import INVALID_TOPIC
 
 log = logging.getLogger(__name__)
 
-PACK_COUNTER = "pack_id"
-
-
-@dataclass(frozen=True, slots=True)
-class LedgerRecord:
-    """A committed inbound message, as it travels to packs and the Spark writer."""
-
-    seq: int
-    message_key: str
-    topic: str
-    payload: bytes
-    qos: int
-    received_time: float
-    pack_id: int | None = None
-    dead_reason: str | None = None
-    expires_at: float | None = None
-
-    def in_pack(self, pack_id: int) -> LedgerRecord:
-        # Spelled out: dataclasses.replace cost several times more, once per message (py-spy).
-        return LedgerRecord(
-            self.seq,
-            self.message_key,
-            self.topic,
-            self.payload,
-            self.qos,
-            self.received_time,
-            pack_id,
-            self.dead_reason,
-            self.expires_at,
-        )
+__all__ = [
+    "PACK_COUNTER",
+    "Committed",
+    "ForwardRecorded",
+    "Forwarded",
+    "Grant",
+    "InboundLedger",
+    "LedgerRecord",
+    "Recovery",
+    "StoreLocal",
+    "TakeReplays",
+    "seq_runs",
+]
 
 
 @dataclass(frozen=True, slots=True)
 class Committed:
-    """Told to the listener after each group commit: new rows, in arrival order."""
+    """Told to a sink's feed target: rows it owes, in arrival order."""
 
     records: tuple[LedgerRecord, ...]
 
@@ -93,12 +89,32 @@ class Committed:
 @dataclass(frozen=True)
 class Recovery:
     """What a previous run left unfinished: batches begun but not committed (replay them as they
-    were), and the number of committed rows not yet in a batch (the ledger hands them to its
-    listener again, from the database, a chunk at a time)."""
+    were), the number of committed rows each sink still owes (the ledger hands them on again,
+    from the database, as each sink grants credit), and the readers' counters."""
 
     open_batches: tuple[tuple[int, tuple[LedgerRecord, ...]], ...]
     loose: int
     next_pack_id: int
+    owed_upstream: int = 0
+    readers: Mapping[str, ReaderCount] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Forwarded:
+    """From the upstream side, after it committed its own progress: these messages are done
+    for the upstream — `done` acknowledged (or wanted by no route), `dead` given up on, with the
+    reason. `reply_to` (the outbound ledger) is told `ForwardRecorded` once this is committed."""
+
+    done: tuple[int, ...]
+    dead: tuple[tuple[int, str], ...] = ()
+    reply_to: pykka.ActorRef | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardRecorded:
+    """To the outbound ledger: the ledger has committed these seqs as done upstream."""
+
+    seqs: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,8 +123,15 @@ class _Flush:
 
 
 @dataclass(frozen=True, slots=True)
-class _ReleaseHeld:
-    pass
+class _ReadBack:
+    """Read the next chunk a sink owes back from the database."""
+
+    sink: str
+
+
+@dataclass(frozen=True, slots=True)
+class _CheckBudget:
+    """While the source is paused for the disk budget: look again."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +151,16 @@ class _StorageFailed(Exception):
 # Backlogged packets stored per turn while draining after a storage fault.
 DRAIN_CHUNK = 2000
 
+# Rows read back for a sink per turn of the actor: each chunk is a message of its own, so packets
+# from the source, the other sink's chunks and asks take turns with a long backlog (drain while
+# live, DESIGN §7.6), and a chunk is small enough in memory whatever the backlog.
+READ_BACK_CHUNK = 1000
+
+# How often the disk budget is looked at while writes go on, and while the source is paused.
+BUDGET_CHECK_SECONDS = 0.5
+BUDGET_RECHECK_SECONDS = 1.0
+BUDGET_HOLD = "disk budget"
+
 
 @dataclass(frozen=True, slots=True)
 class TakeReplays:
@@ -146,50 +179,23 @@ class StoreLocal:
     qos: int = 1
 
 
-# Held rows go back to the listener this many at a time, each chunk a message of its own, so a
-# Pause that arrives meanwhile stops the release between two chunks.
-RELEASE_CHUNK = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Pause:
-    """Backpressure: stop acknowledging the source (its Receive Maximum then stops the flow)."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    reason: str
-
-
 @dataclass
 class _Group:
     """Work done in the open transaction whose effects wait for its commit."""
 
     acks: list[tuple[AckSender, int, AckKind, int]] = field(default_factory=list)
     records: list[LedgerRecord] = field(default_factory=list)
-    # The packets (and session starts) applied in it, and the in-memory state from before the
-    # first of them: a storage fault rolls the transaction back, restores this state and puts
-    # the inputs back in the backlog, so a retry applies them again from scratch.
+    # Told once the transaction is committed (the outbound ledger's ForwardRecorded).
+    replies: list[tuple[pykka.ActorRef, object]] = field(default_factory=list)
+    # The inputs applied in it, and the in-memory state from before the first of them: a
+    # storage fault rolls the transaction back, restores this state and puts the inputs back in
+    # the backlog, so a retry applies them again from scratch.
     inputs: list[object] = field(default_factory=list)
     pubrel_before: dict[int, tuple[int, str]] | None = None
     counts_before: dict[str, int] | None = None
-    last_seq_before: int = 0
 
     def __len__(self) -> int:
         return len(self.acks)
-
-
-def seq_runs(seqs: Sequence[int]) -> list[tuple[int, int]]:
-    """Sorted, distinct seqs as inclusive (first, last) runs of consecutive numbers."""
-    runs: list[tuple[int, int]] = []
-    for seq in sorted(set(seqs)):
-        if runs and seq == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], seq)
-        else:
-            runs.append((seq, seq))
-    return runs
 
 
 def _send_acks(acks: Sequence[tuple[AckSender, int, AckKind, int]]) -> None:
@@ -200,6 +206,10 @@ def _send_acks(acks: Sequence[tuple[AckSender, int, AckKind, int]]) -> None:
         entry[2].append((kind, packet_id))
     for sender, epoch, items in by_connection.values():
         sender.send_acks(epoch, items)
+
+
+def _owed_by(sink: str) -> Callable[[LedgerRecord], bool]:
+    return (lambda r: r.to_table) if sink == TABLE else (lambda r: r.to_upstream)
 
 
 class InboundLedger(pykka.ThreadingActor):
@@ -215,6 +225,8 @@ class InboundLedger(pykka.ThreadingActor):
         key: Callable[[str, bytes], str] = default_message_key,
         intake: IntakeGate | None = None,
         storage_backoff: Backoff | None = None,
+        forward_topic: Callable[[str], bool] | None = None,
+        budget: DiskBudget | None = None,
     ) -> None:
         super().__init__()
         self._path = Path(path)
@@ -225,21 +237,18 @@ class InboundLedger(pykka.ThreadingActor):
         self._retention = retention_seconds
         self._key = key
         self._intake = intake
-        self._listener: pykka.ActorRef | None = None
-        self._conn: Connection | None = None
+        # Which topics the upstream wants (a route matches): None while forwarding is off.
+        self._forward_topic = forward_topic
+        self._store: LedgerStore | None = None
         self._group = _Group()
         self._flush_timer: TimerHandle | None = None
         self._flush_pending = False
         # packet id -> (seq, key) of QoS 2 messages whose PUBREL has not come yet.
         self._awaiting_pubrel: dict[int, tuple[int, str]] = {}
         self.counts = {"accepted": 0, "duplicates": 0, "unknown_pubrel": 0, "commits": 0}
-        self._pauses: set[str] = set()
-        self._held_acks: list[tuple[AckSender, int, AckKind, int]] = []
-        # While paused (and until the listener has caught up after a resume), committed rows are
-        # not handed on but left in the database from this seq on: memory stays flat however long
-        # the pause, and however many messages the broker sends past our Receive Maximum.
-        self._held_from: int | None = None
-        self._last_seq = 0
+        self._feeds = {TABLE: Feed(TABLE), UPSTREAM: Feed(UPSTREAM)}
+        self._targets: dict[str, pykka.ActorRef] = {}
+        self._reading: set[str] = set()  # sinks with a _ReadBack in the mailbox
         # Storage faults (module docstring): what failed, since when, and what waits meanwhile
         # as (message, already counted as taken by the intake gate).
         self._failing: str | None = None
@@ -248,13 +257,20 @@ class InboundLedger(pykka.ThreadingActor):
         self._storage_backoff = storage_backoff or Backoff(0.5, 30.0, 0.25)
         self._storage_timer: TimerHandle | None = None
         self._storage_counts = {"storage_failures": 0, "storage_recoveries": 0, "dropped_qos0": 0}
+        # The disk budget (None: unlimited) and where the ledger stands against it.
+        self._budget = budget
+        self._budget_paused = False
+        self._budget_pauses = 0
+        self._usage: DiskUsage | None = None
+        self._budget_checked = float("-inf")
+        self._budget_timer: TimerHandle | None = None
 
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
         try:
-            self._engine = db.open_engine(self._path, self._durability)
-            self._conn = self._engine.connect()
+            engine = db.open_engine(self._path, self._durability)
+            self._store = LedgerStore(engine, self._path)
         except StorageUnavailable as error:
             log.error("inbound ledger: %s", error)
             raise
@@ -264,29 +280,32 @@ class InboundLedger(pykka.ThreadingActor):
             unavailable = cannot_open(self._path, error)
             log.error("inbound ledger: %s", unavailable)
             raise unavailable from error
-        # Per-message statements go straight to sqlite3, inside the transaction SQLAlchemy
-        # opened: SQLAlchemy's per-statement work cost more than the insert itself (py-spy, the
-        # ingest benchmark).
-        self._hot_cursor = self._conn.connection.driver_connection.cursor()
-        rows = self._conn.execute(
-            select(db.inbound.c.packet_id, db.inbound.c.seq, db.inbound.c.message_key).where(
-                db.inbound.c.packet_id.isnot(None)
-            )
-        )
-        self._awaiting_pubrel = {pid: (seq, key) for pid, seq, key in rows}
-        self._conn.commit()
+        store = self._store
+        self._awaiting_pubrel = store.awaiting_pubrel()
+        if self._forward_topic is None:
+            cleared = store.stop_forwarding()
+            if cleared:
+                log.info(
+                    "forwarding is off: %d stored message(s) no longer wait for the upstream",
+                    cleared,
+                )
+        else:
+            store.purge_done()
+        store.commit()
         log.info(
             "inbound ledger open at %s (durability %s, %d QoS 2 exchanges awaiting PUBREL)",
             self._path,
             self._durability,
             len(self._awaiting_pubrel),
         )
+        self._check_budget(force=True)
 
     def on_stop(self) -> None:
+        for timer in (self._storage_timer, self._budget_timer):
+            if timer is not None:
+                timer.cancel()
         if self._intake is not None:
             self._intake.close()
-        if self._storage_timer is not None:
-            self._storage_timer.cancel()
         try:
             if self._backlog:
                 self._drain(final=True)
@@ -300,26 +319,30 @@ class InboundLedger(pykka.ThreadingActor):
                 self._failing,
                 len(self._backlog),
             )
-        if self._conn is not None:
-            self._conn.close()
-            self._engine.dispose()
+        if self._store is not None:
+            self._store.close()
         log.info("inbound ledger closed")
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         if self._intake is not None:
             # Nothing will be taken any more: let the source's network thread go.
             self._intake.close()
-        if self._conn is not None:
-            self._conn.close()
+        if self._store is not None:
+            self._store.conn.close()
 
     # -- wiring -----------------------------------------------------------------------------
 
     def set_listener(self, listener: pykka.ActorRef) -> None:
-        """The actor told `Committed` after each group commit (the PackActor)."""
-        self._listener = listener
-        self._release_held()
+        """Where the table's feed goes (the PackActor); credit comes from the Spark writer."""
+        self._targets[TABLE] = listener
+        self._schedule_read(TABLE)
 
-    # -- the inbound protocol ---------------------------------------------------------------
+    def set_forwarder(self, forwarder: pykka.ActorRef) -> None:
+        """Where the upstream's feed goes (the TierTwoBuffer, which grants its own credit)."""
+        self._targets[UPSTREAM] = forwarder
+        self._schedule_read(UPSTREAM)
+
+    # -- messages ---------------------------------------------------------------------------
 
     def on_receive(self, message: object) -> None:
         if isinstance(message, Inbound):
@@ -338,15 +361,26 @@ class InboundLedger(pykka.ThreadingActor):
                 self._commit()
             except _StorageFailed:
                 pass
-        elif isinstance(message, SessionStarted):
+        elif isinstance(message, SessionStarted | Forwarded):
             if self._failing is not None or self._backlog:
-                # After the packets before it: it may forget their QoS 2 packet ids.
+                # After the inputs before it, in order.
                 self._backlog.append((message, True))
                 return
             try:
                 self._apply(message)
+                if isinstance(message, Forwarded):
+                    self._commit()  # its reply waits for the commit; a sink is waiting on it
             except _StorageFailed:
                 pass
+        elif isinstance(message, Grant):
+            self._feeds[message.sink].grant(message.messages, message.bytes)
+            self._schedule_read(message.sink)
+        elif isinstance(message, _ReadBack):
+            self._reading.discard(message.sink)
+            self._read_back(message.sink)
+        elif isinstance(message, _CheckBudget):
+            self._budget_timer = None
+            self._check_budget(force=True)
         elif isinstance(message, _RetryStorage):
             self._storage_timer = None
             self._drain()
@@ -354,19 +388,6 @@ class InboundLedger(pykka.ThreadingActor):
             self._drain()
         elif isinstance(message, SessionEnded):
             pass
-        elif isinstance(message, Pause):
-            if message.reason not in self._pauses:
-                log.warning("source paused (%s): holding acknowledgements", message.reason)
-            self._pauses.add(message.reason)
-        elif isinstance(message, Resume):
-            self._pauses.discard(message.reason)
-            if not self._pauses:
-                held, self._held_acks = self._held_acks, []
-                log.info("source resumed (%s): releasing %d held acks", message.reason, len(held))
-                _send_acks(held)
-                self._release_held()
-        elif isinstance(message, _ReleaseHeld):
-            self._release_held()
         elif isinstance(message, TakeReplays):
             # While storage fails the request files stay; the daemon hands them again each second.
             if self._failing is None and not self._backlog:
@@ -384,21 +405,22 @@ class InboundLedger(pykka.ThreadingActor):
             self._intake.taken(packet_size(message.packet))
 
     def _apply(self, message: object) -> None:
-        """Apply one packet (or session start) in the open transaction; a storage fault on the
-        way raises _StorageFailed after `_fail` has put the group back in the backlog."""
+        """Apply one input in the open transaction; a storage fault on the way raises
+        _StorageFailed after `_fail` has put the group back in the backlog."""
         group = self._group
         if group.counts_before is None:
             group.pubrel_before = dict(self._awaiting_pubrel)
             group.counts_before = {
                 k: self.counts[k] for k in ("accepted", "duplicates", "unknown_pubrel")
             }
-            group.last_seq_before = self._last_seq
         group.inputs.append(message)
         # Spelled out rather than `with self._storage()`: this runs once per message, and a
         # try that raises nothing costs nothing, a context manager a generator each time.
         try:
             if isinstance(message, SessionStarted):
                 self._on_session(message)
+            elif isinstance(message, Forwarded):
+                self._on_forwarded(message)
             elif isinstance(message.packet, InboundPublish):
                 self._on_publish(message.packet, message.acks)
             else:
@@ -433,7 +455,6 @@ class InboundLedger(pykka.ThreadingActor):
         if group.counts_before is not None:
             self._awaiting_pubrel = group.pubrel_before or {}
             self.counts.update(group.counts_before)
-            self._last_seq = group.last_seq_before
         self._backlog.extendleft((m, True) for m in reversed(group.inputs))
         self._storage_counts["storage_failures"] += 1
         what = describe(error)
@@ -451,17 +472,11 @@ class InboundLedger(pykka.ThreadingActor):
         self._schedule_storage_retry()
 
     def _rollback(self) -> None:
-        assert self._conn is not None
+        assert self._store is not None
         try:
-            self._conn.rollback()
-        except Exception as error:  # a connection in an unknown state: start a fresh one
-            log.warning("inbound ledger rollback failed (%s): reconnecting", describe(error))
-            try:
-                self._conn.invalidate()
-            except Exception:
-                pass
-            self._conn = self._engine.connect()
-            self._hot_cursor = self._conn.connection.driver_connection.cursor()
+            self._store.rollback()
+        except Exception as error:  # the store replaced its connection with a fresh one
+            log.warning("inbound ledger rollback failed (%s): reconnected", describe(error))
 
     def _schedule_storage_retry(self) -> None:
         if self._storage_timer is None:
@@ -512,12 +527,9 @@ class InboundLedger(pykka.ThreadingActor):
     def _probe(self) -> None:
         """A tiny write that proves the storage takes writes again (the backlog may have held
         nothing that writes: the fault can come from an ask)."""
+        assert self._store is not None
         with self._storage():
-            self._hot(
-                "INSERT INTO counters (name, value) VALUES ('storage_probe', ?) "
-                "ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-                (int(self._clock.wall()),),
-            )
+            self._store.probe(self._clock.wall())
         self._commit()
 
     def _recovered(self) -> None:
@@ -534,7 +546,8 @@ class InboundLedger(pykka.ThreadingActor):
         self._failing_since = None
         self._storage_counts["storage_recoveries"] += 1
         self._storage_backoff.reset()
-        self._release_held()
+        for sink in self._feeds:
+            self._schedule_read(sink)
 
     def _refuse_while_failing(self) -> None:
         if self._failing is not None:
@@ -552,6 +565,8 @@ class InboundLedger(pykka.ThreadingActor):
                 f"inbound ledger cannot write: {self._failing}"
             ) from failed.__cause__
 
+    # -- the inbound protocol ---------------------------------------------------------------
+
     def _on_publish(self, publish: InboundPublish, acks: AckSender) -> None:
         key = self._key(publish.topic, publish.payload)
         seq = self._insert(publish, key)
@@ -559,13 +574,14 @@ class InboundLedger(pykka.ThreadingActor):
             self.counts["duplicates"] += 1
             log.debug("duplicate %s (packet %d, dup=%s)", key, publish.packet_id, publish.dup)
         if publish.qos == 2:
+            assert self._store is not None
             if seq is None:
-                seq = self._seq_of(key)
+                seq = self._store.seq_of(key)
             previous = self._awaiting_pubrel.get(publish.packet_id)
             if previous is not None and previous[1] != key:
                 # The broker reused the id for another message: the old exchange is over.
-                self._set_packet_id(previous[0], None)
-            self._set_packet_id(seq, publish.packet_id)
+                self._store.set_packet_id(previous[0], None)
+            self._store.set_packet_id(seq, publish.packet_id)
             self._awaiting_pubrel[publish.packet_id] = (seq, key)
             self._defer_ack(acks, publish.epoch, AckKind.PUBREC, publish.packet_id)
         elif publish.qos == 1:
@@ -581,62 +597,83 @@ class InboundLedger(pykka.ThreadingActor):
             self.counts["unknown_pubrel"] += 1
             log.warning("PUBREL for packet id %d that the ledger never stored", pubrel.packet_id)
         else:
+            assert self._store is not None
             crash_point("after_pubrec_before_pubrel")
-            self._set_packet_id(known[0], None)
+            self._store.set_packet_id(known[0], None)
         self._defer_ack(acks, pubrel.epoch, AckKind.PUBCOMP, pubrel.packet_id)
 
     def _on_session(self, message: SessionStarted) -> None:
         if not message.session_present and self._awaiting_pubrel:
+            assert self._store is not None
             log.warning(
                 "broker session was not present: forgetting %d QoS 2 packet ids awaiting PUBREL "
                 "(their messages are stored)",
                 len(self._awaiting_pubrel),
             )
             for seq, _key in self._awaiting_pubrel.values():
-                self._set_packet_id(seq, None)
+                self._store.set_packet_id(seq, None)
             self._awaiting_pubrel.clear()
             self._commit()
 
     # -- the open transaction ---------------------------------------------------------------
 
-    def _insert(self, publish: InboundPublish, key: str) -> int | None:
-        assert self._conn is not None
+    def _insert(
+        self,
+        publish: InboundPublish,
+        key: str,
+        *,
+        to_table: bool = True,
+        to_upstream: bool | None = None,
+    ) -> int | None:
+        """Store one message; its seq, or None for a key stored already. `to_upstream` None:
+        owed upstream when forwarding is on and a route wants its topic."""
+        assert self._store is not None
         received = self._clock.wall()
         expires = None if publish.expiry_interval is None else received + publish.expiry_interval
         # A topic that was not UTF-8 (MQTT 5 §1.5.4 forbids it, a broker should refuse it) is
         # stored as decoded, with U+FFFD where its bytes were bad, and marked: it is acked like
         # any other and lands as an `invalid_topic` dead letter, never as reads or upstream.
         dead = None if publish.topic_valid_utf8 else INVALID_TOPIC
-        cursor = self._hot(
-            "INSERT INTO inbound (message_key, topic, payload, qos, received_time, expires_at, "
-            "dead_reason) VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (message_key) DO NOTHING",
-            (key, publish.topic, publish.payload, publish.qos, received, expires, dead),
+        if to_upstream is None:
+            to_upstream = self._forward_topic is not None and self._forward_topic(publish.topic)
+        forward = to_upstream and dead is None and self._forward_topic is not None
+        seq = self._store.insert(
+            key,
+            publish.topic,
+            publish.payload,
+            publish.qos,
+            received,
+            expires,
+            dead,
+            forward,
+            None if to_table else received,
         )
-        if cursor.rowcount == 0:
+        if seq is None:
             return None
-        seq = cursor.lastrowid
-        self._last_seq = seq
         self._group.records.append(
             LedgerRecord(
-                seq, key, publish.topic, publish.payload, publish.qos, received, None, dead, expires
+                seq,
+                key,
+                publish.topic,
+                publish.payload,
+                publish.qos,
+                received,
+                None,
+                dead,
+                expires,
+                None,
+                to_table,
+                forward,
             )
         )
         self.counts["accepted"] += 1
         return seq
 
-    def _hot(self, sql: str, params: tuple) -> sqlite3.Cursor:
-        """A per-message statement, straight on sqlite3 inside SQLAlchemy's transaction."""
-        assert self._conn is not None
-        if not self._conn.in_transaction():
-            # So that SQLAlchemy's commit() commits what the raw cursor wrote.
-            self._conn.begin()
-        cursor = self._hot_cursor
-        cursor.execute(sql, params)
-        return cursor
-
     def _take_replays(self, data_dir: Path) -> None:
         """Each request's messages as new rows under replay keys, committed before the request
-        file goes: taking a file twice (a crash in between) stores nothing twice."""
+        file goes: taking a file twice (a crash in between) stores nothing twice. A table dead
+        letter is owed to the table only, an upstream one to the upstream only (its reads are
+        in the table already, DESIGN §7.2)."""
         for path in pending_requests(data_dir):
             try:
                 request, messages = read_request(path)
@@ -651,7 +688,14 @@ class InboundLedger(pykka.ThreadingActor):
                     publish = InboundPublish(
                         0, 0, m.qos, False, False, m.topic, True, m.payload, None, 0.0
                     )
-                    if self._insert(publish, replay_key(m.message_key, request)) is not None:
+                    upstream = m.sink == UPSTREAM
+                    seq = self._insert(
+                        publish,
+                        replay_key(m.message_key, request),
+                        to_table=not upstream,
+                        to_upstream=upstream,
+                    )
+                    if seq is not None:
                         taken += 1
             self._commit()
             path.unlink()
@@ -674,12 +718,20 @@ class InboundLedger(pykka.ThreadingActor):
                 self.counts["duplicates"] += 1
             self._commit()
 
-    def _seq_of(self, key: str) -> int:
-        (seq,) = self._hot("SELECT seq FROM inbound WHERE message_key = ?", (key,)).fetchone()
-        return seq
-
-    def _set_packet_id(self, seq: int, packet_id: int | None) -> None:
-        self._hot("UPDATE inbound SET packet_id = ? WHERE seq = ?", (packet_id, seq))
+    def _on_forwarded(self, message: Forwarded) -> None:
+        """The upstream finished these messages (its own file says so already). Upstream dead
+        letters become rows of their own, owed to the table; the reply waits for the commit."""
+        assert self._store is not None
+        added = self._store.forwarded(message.done, message.dead, self._clock.wall())
+        if added:
+            self._group.records.extend(self._store.records(added))
+            log.info(
+                "%d message(s) forwarding gave up on: upstream dead letters for the table",
+                len(added),
+            )
+        if message.reply_to is not None:
+            seqs = message.done + tuple(seq for seq, _ in message.dead)
+            self._group.replies.append((message.reply_to, ForwardRecorded(seqs)))
 
     def _defer_ack(self, acks: AckSender, epoch: int, kind: AckKind, packet_id: int) -> None:
         self._group.acks.append((acks, epoch, kind, packet_id))
@@ -701,40 +753,64 @@ class InboundLedger(pykka.ThreadingActor):
             )
 
     def _commit(self) -> None:
-        """Commit the open transaction, then release what waited for it: acks, then records.
-        A storage fault raises _StorageFailed, the group back in the backlog (`_fail`)."""
-        assert self._conn is not None
+        """Commit the open transaction, then release what waited for it: acks, replies, and
+        records to the sinks that owe them. A storage fault raises _StorageFailed, the group
+        back in the backlog (`_fail`)."""
+        assert self._store is not None
         with self._storage():
-            self._conn.commit()
+            self._store.commit()
         group, self._group = self._group, _Group()
-        if not group.acks and not group.records:
+        if not group.acks and not group.records and not group.replies:
             return
         self.counts["commits"] += 1
         if group.acks:
             crash_point("after_ledger_commit_before_ack")
-        if self._pauses:
-            # Committed, so safe; unacknowledged, so the broker sends no more than its window.
-            self._held_acks.extend(group.acks)
-        else:
             _send_acks(group.acks)
+        for ref, reply in group.replies:
+            self._tell_to(ref, reply)
         if group.records:
-            if self._held_from is None and not self._pauses and self._listener is not None:
-                self._hand_on(tuple(group.records))
-            elif self._held_from is None:
-                self._held_from = group.records[0].seq
-                log.info("holding committed rows from seq %d in the ledger", self._held_from)
+            for sink, feed in self._feeds.items():
+                target = self._targets.get(sink)
+                owed = [r for r in group.records if _owed_by(sink)(r)]
+                if target is None:
+                    if owed and feed.caught_up:
+                        feed.behind_from(owed[0].seq)  # read back once wired
+                    continue
+                handed = feed.offer(owed)
+                if handed:
+                    self._hand_on(target, handed)
+        self._check_budget()
 
-    def _hand_on(self, records: tuple[LedgerRecord, ...]) -> None:
-        assert self._listener is not None
+    def _hand_on(self, target: pykka.ActorRef, records: Sequence[LedgerRecord]) -> None:
         try:
-            self._listener.tell(Committed(records))
+            target.tell(Committed(tuple(records)))
         except pykka.ActorDeadError:
-            # Shutting down: the rows are committed and the next start packs them.
+            # Shutting down: the rows are committed and the next start hands them on.
             log.info("%d committed message(s) left for the next start", len(records))
 
-    def _release_held(self) -> None:
-        """Hand held rows on, oldest first, one chunk per message while nothing pauses us."""
-        if self._held_from is None or self._pauses or self._listener is None:
+    def _tell_to(self, ref: pykka.ActorRef, message: object) -> None:
+        try:
+            ref.tell(message)
+        except pykka.ActorDeadError:
+            pass
+
+    # -- the feeds --------------------------------------------------------------------------
+
+    def _schedule_read(self, sink: str) -> None:
+        feed = self._feeds[sink]
+        if (
+            sink in self._targets
+            and not feed.caught_up
+            and feed.has_credit
+            and sink not in self._reading
+        ):
+            self._reading.add(sink)
+            self._tell(_ReadBack(sink))
+
+    def _read_back(self, sink: str) -> None:
+        """Hand `sink` the next chunk it owes from the database, oldest first."""
+        feed, target = self._feeds[sink], self._targets.get(sink)
+        if target is None or feed.caught_up or not feed.has_credit:
             return
         if self._failing is not None or self._backlog:
             return  # `_recovered` comes back here
@@ -744,197 +820,182 @@ class InboundLedger(pykka.ThreadingActor):
             self._commit()
         except _StorageFailed:
             return
-        c = db.inbound.c
-        records = self._records(
-            (c.seq >= self._held_from) & c.batch_id.is_(None) & c.landed_time.is_(None),
-            limit=RELEASE_CHUNK,
-        )
-        if records:
-            self._hand_on(records)
-        if len(records) < RELEASE_CHUNK:
-            log.info("held rows handed on up to seq %d", self._last_seq)
-            self._held_from = None
-        else:
-            self._held_from = records[-1].seq + 1
-            self.actor_ref.tell(_ReleaseHeld())
+        if feed.caught_up:
+            return
+        assert self._store is not None and feed.next_seq is not None
+        limit = min(feed.messages, READ_BACK_CHUNK)
+        try:
+            records = self._store.owed(sink, feed.next_seq, limit)
+        except Exception as error:
+            if not is_storage_fault(error):
+                raise
+            log.warning("inbound ledger could not read back for the %s: %s", sink, describe(error))
+            self._rollback()
+            self._clock.call_later(1.0, lambda: self._tell(_ReadBack(sink)))
+            self._reading.add(sink)
+            return
+        handed = feed.take(records, limit)
+        if handed:
+            self._hand_on(target, handed)
+        if feed.caught_up:
+            log.debug(
+                "the %s's feed is caught up at seq %d", sink, records[-1].seq if records else 0
+            )
+        self._schedule_read(sink)
+
+    # -- the disk budget --------------------------------------------------------------------
+
+    def _check_budget(self, force: bool = False) -> None:
+        """Look at the ledger's disk use (at most every BUDGET_CHECK_SECONDS unless `force`);
+        pause the source at the budget, resume it once the sinks have made room."""
+        if self._budget is None or self._store is None:
+            return
+        now = self._clock.monotonic()
+        if not force and now - self._budget_checked < BUDGET_CHECK_SECONDS:
+            return
+        self._budget_checked = now
+        try:
+            usage = self._usage = self._store.usage()
+        except Exception as error:
+            if not is_storage_fault(error):
+                raise
+            return  # the storage fault path has its own say
+        over = self._budget.over(usage, self._budget_paused)
+        if over and not self._budget_paused:
+            self._budget_paused = True
+            self._budget_pauses += 1
+            log.warning(
+                "ledger at its disk budget (%s): source paused, its socket is no longer read; "
+                "until the sinks catch up, the broker's queue limits decide what readers' "
+                "messages are kept (README, 'Disk budget')",
+                self._budget.describe(usage),
+            )
+            if self._intake is not None:
+                self._intake.hold(BUDGET_HOLD)
+        elif not over and self._budget_paused:
+            self._budget_paused = False
+            log.info(
+                "ledger back within its disk budget (%s): source resumed",
+                self._budget.describe(usage),
+            )
+            if self._intake is not None:
+                self._intake.release(BUDGET_HOLD)
+        if self._budget_paused and self._budget_timer is None:
+            self._budget_timer = self._clock.call_later(
+                BUDGET_RECHECK_SECONDS, lambda: self._tell(_CheckBudget())
+            )
 
     # -- batches (asked by the Spark writer) ------------------------------------------------
 
     def recovery(self) -> Recovery:
-        assert self._conn is not None
+        assert self._store is not None
         self._commit()
-        open_batches = []
-        for (batch_id,) in self._conn.execute(
-            select(db.batches.c.batch_id)
-            .where(db.batches.c.state == "writing")
-            .order_by(db.batches.c.batch_id)
-        ):
-            open_batches.append((batch_id, self._records(db.inbound.c.batch_id == batch_id)))
-        c = db.inbound.c
-        loose_where = c.batch_id.is_(None) & c.landed_time.is_(None)
-        first_loose, loose = self._conn.execute(
-            select(func.min(c.seq), func.count()).where(loose_where)
-        ).one()
-        self._held_from = first_loose
-        self._last_seq = self._conn.execute(select(func.max(c.seq))).scalar() or 0
-        next_pack_id = self._counter(PACK_COUNTER) + 1
-        self._conn.commit()
-        if open_batches or loose:
+        store = self._store
+        open_batches = tuple(
+            (batch_id, store.batch_records(batch_id)) for batch_id in store.open_batches()
+        )
+        table, upstream = store.lag(TABLE), store.lag(UPSTREAM)
+        loose = table.messages - sum(len(records) for _, records in open_batches)
+        self._feeds[TABLE].behind_from(store.first_owed(TABLE))
+        self._feeds[UPSTREAM].behind_from(store.first_owed(UPSTREAM))
+        next_pack_id = store.counter(PACK_COUNTER) + 1
+        readers = store.reader_counts()
+        store.commit()
+        if open_batches or loose or upstream.messages:
             log.info(
-                "recovery: %d unfinished batch(es) to replay, %d stored message(s) to pack",
+                "recovery: %d unfinished batch(es) to replay, %d stored message(s) to pack, "
+                "%d owed upstream",
                 len(open_batches),
                 loose,
+                upstream.messages,
             )
-        return Recovery(tuple(open_batches), loose, next_pack_id)
-
-    def _records(self, where, limit: int | None = None) -> tuple[LedgerRecord, ...]:
-        assert self._conn is not None
-        c = db.inbound.c
-        rows = self._conn.execute(
-            select(
-                c.seq,
-                c.message_key,
-                c.topic,
-                c.payload,
-                c.qos,
-                c.received_time,
-                c.pack_id,
-                c.dead_reason,
-                c.expires_at,
-            )
-            .where(where)
-            .order_by(c.seq)
-            .limit(limit)
-        )
-        return tuple(LedgerRecord(*row) for row in rows)
+        return Recovery(open_batches, loose, next_pack_id, upstream.messages, readers)
 
     def records(self, seqs: Sequence[int]) -> tuple[LedgerRecord, ...]:
-        """Stored rows by seq, in seq order: how tier 1 is read back by the forwarder."""
-        return self._records(db.inbound.c.seq.in_(list(seqs)))
+        """Stored rows by seq, in seq order."""
+        assert self._store is not None
+        return self._store.records(seqs)
 
-    def _counter(self, name: str) -> int:
-        assert self._conn is not None
-        value = self._conn.exec_driver_sql(
-            "SELECT value FROM counters WHERE name = ?", (name,)
-        ).scalar()
-        return int(value or 0)
-
-    def begin_batch(
-        self,
-        packs: Sequence[tuple[int, Sequence[int]]],
-        dead: Sequence[tuple[int, str]] = (),
-    ) -> int:
-        """Record a batch and the packs (pack id, row seqs) it holds, before its Spark job, with
-        the (seq, reason) of messages forwarding gave up on, so a replay rebuilds the same
-        dead letters."""
+    def begin_batch(self, packs: Sequence[tuple[int, Sequence[int]]]) -> int:
+        """Record a batch and the packs (pack id, row seqs) it holds, before its Spark job."""
+        assert self._store is not None
         with self._asked_write():
-            return self._begin_batch(packs, dead)
-
-    def _begin_batch(
-        self,
-        packs: Sequence[tuple[int, Sequence[int]]],
-        dead: Sequence[tuple[int, str]],
-    ) -> int:
-        assert self._conn is not None
-        seqs = sum(len(s) for _, s in packs)
-        result = self._conn.execute(
-            db.batches.insert().values(
-                state="writing", started_time=self._clock.wall(), messages=seqs
-            )
-        )
-        batch_id = result.inserted_primary_key[0]
-        # A pack's seqs are nearly always one run (arrival order): one statement per run, not
-        # per row, keeps the ledger thread (and so ingest) from stalling on a 20,000-row batch.
-        self._conn.exec_driver_sql(
-            "UPDATE inbound SET pack_id = ?, batch_id = ? WHERE seq BETWEEN ? AND ?",
-            [
-                (pack_id, batch_id, first, last)
-                for pack_id, pack_seqs in packs
-                for first, last in seq_runs(pack_seqs)
-            ],
-        )
-        if dead:
-            self._conn.exec_driver_sql(
-                "UPDATE inbound SET dead_reason = ? WHERE seq = ?",
-                [(reason, seq) for seq, reason in dead],
-            )
-        self._conn.exec_driver_sql(
-            "INSERT INTO counters (name, value) VALUES (?, ?) "
-            "ON CONFLICT (name) DO UPDATE SET value = max(value, excluded.value)",
-            (PACK_COUNTER, max(pack_id for pack_id, _ in packs)),
-        )
-        self._commit()
-        return batch_id
+            batch_id = self._store.begin_batch(packs, self._clock.wall())
+            self._commit()
+            return batch_id
 
     def claim_reads(self, batch_id: int, read_ids: Sequence[str]) -> set[str]:
         """Claim read ids for a batch; returns those the batch owns (new, or claimed by an
         earlier attempt of the same batch). Used with payload-field keys only."""
+        assert self._store is not None
         with self._asked_write():
-            return self._claim_reads(batch_id, read_ids)
+            owned = self._store.claim_reads(batch_id, read_ids, self._clock.wall())
+            self._commit()
+            return owned
 
-    def _claim_reads(self, batch_id: int, read_ids: Sequence[str]) -> set[str]:
-        assert self._conn is not None
-        now = self._clock.wall()
-        self._conn.exec_driver_sql(
-            "INSERT INTO read_claims (message_id, batch_id, claimed_time) VALUES (?, ?, ?) "
-            "ON CONFLICT (message_id) DO NOTHING",
-            [(read_id, batch_id, now) for read_id in read_ids],
-        )
-        owned = {
-            row[0]
-            for row in self._conn.exec_driver_sql(
-                "SELECT message_id FROM read_claims WHERE batch_id = ?", (batch_id,)
+    def commit_batch(
+        self,
+        batch_id: int,
+        rows: int,
+        dead_letters: int,
+        readers: Mapping[str, ReaderCount] | None = None,
+    ) -> None:
+        """The batch is in the tables: mark it, drop the payloads no sink owes any more,
+        update the readers' counters, prune old landed keys."""
+        assert self._store is not None
+        with self._asked_write():
+            self._store.commit_batch(
+                batch_id, rows, dead_letters, self._clock.wall(), self._retention, readers
             )
-        }
-        self._commit()
-        return owned
-
-    def commit_batch(self, batch_id: int, rows: int, dead_letters: int) -> None:
-        """The batch is in the tables: mark it, drop its payloads, prune old landed keys."""
-        with self._asked_write():
-            self._commit_batch(batch_id, rows, dead_letters)
-
-    def _commit_batch(self, batch_id: int, rows: int, dead_letters: int) -> None:
-        assert self._conn is not None
-        now = self._clock.wall()
-        self._conn.exec_driver_sql(
-            "UPDATE batches SET state = 'committed', committed_time = ?, rows = ?, "
-            "dead_letters = ? WHERE batch_id = ?",
-            (now, rows, dead_letters, batch_id),
-        )
-        self._conn.exec_driver_sql(
-            "UPDATE inbound SET payload = NULL, landed_time = ? WHERE batch_id = ?",
-            (now, batch_id),
-        )
-        self._conn.exec_driver_sql(
-            "DELETE FROM inbound WHERE landed_time < ? AND packet_id IS NULL",
-            (now - self._retention,),
-        )
-        self._conn.exec_driver_sql(
-            "DELETE FROM read_claims WHERE claimed_time < ?", (now - self._retention,)
-        )
-        self._commit()
+            self._commit()
 
     # -- status -----------------------------------------------------------------------------
 
-    def stats(self) -> dict[str, int]:
-        assert self._conn is not None
+    def stats(self) -> dict:
+        assert self._store is not None
+        now = self._clock.wall()
+        lags: dict[str, dict] = {}
+        pending = None
         try:
-            pending = self._conn.exec_driver_sql(
-                "SELECT count(*) FROM inbound WHERE landed_time IS NULL"
-            ).scalar_one()
+            for sink in (TABLE, UPSTREAM) if self._forward_topic is not None else (TABLE,):
+                lag = self._store.lag(sink)
+                lags[sink] = {
+                    "messages": lag.messages,
+                    "oldest_age_seconds": round(lag.age(now), 3),
+                    "oldest_received_time": lag.oldest_received_time,
+                }
+            pending = lags[TABLE]["messages"]
         except Exception as error:
             if not is_storage_fault(error):
                 raise
-            pending = None  # unreadable now; the storage fields below say why
+            lags = {}  # unreadable now; the storage fields below say why
+        usage = self._usage
         return {
             **self.counts,
             **self._storage_counts,
             "pending": pending,
+            "lag": lags,
             "awaiting_pubrel": len(self._awaiting_pubrel),
-            "held_acks": len(self._held_acks),
-            "held_rows": 0 if self._held_from is None else self._last_seq - self._held_from + 1,
-            "paused_by": sorted(self._pauses),
+            "paused_by": [BUDGET_HOLD] if self._budget_paused else [],
+            "budget": None
+            if self._budget is None
+            else {
+                "paused": self._budget_paused,
+                "pauses": self._budget_pauses,
+                "max_bytes": self._budget.max_bytes,
+                "min_free_bytes": self._budget.min_free_bytes,
+                "used_bytes": None if usage is None else usage.used_bytes,
+                "free_bytes": None if usage is None else usage.free_bytes,
+                "describe": None if usage is None else self._budget.describe(usage),
+            },
+            "feeds": {
+                sink: {
+                    "credit_messages": feed.messages,
+                    "behind_from": feed.next_seq,
+                    "handed": feed.handed,
+                }
+                for sink, feed in self._feeds.items()
+            },
             # Set while writes fail: the error, for how long, and what waits in memory.
             "storage_error": self._failing,
             "storage_failing_seconds": None

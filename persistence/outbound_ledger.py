@@ -9,8 +9,12 @@ Owns the outbound database (its own SQLite file) and every outbound PUBLISH/PUBR
 - a PUBACK or PUBREC with a reason code >= 0x80 is a failure, never a success;
 - packs follow TBMQ: one pack at a time, acknowledged when every message in it is; after
   `processing_timeout` RETRY_ALL re-sends what is unacknowledged (DUP) up to `retries` times
-  (0 = unlimited) and SKIP_ALL gives up at once; what is given up on goes to dead_letters;
-- acknowledged packs go on to the Spark writer: the table records what reached upstream.
+  (0 = unlimited) and SKIP_ALL gives up at once; what is given up on becomes an upstream dead
+  letter (DESIGN §7.2: its reads are in the table whatever happens here);
+- a finished pack is reported to the inbound ledger (`Forwarded`) once its states are committed
+  here, and the rows of it are deleted here only when the ledger says it has recorded the report
+  (`ForwardRecorded`): a kill in between reports them again at the next start, never forwards
+  them again. The table is the other sink of the ledger and never waits for this one.
 
 Packs waiting their turn stay in the tier-2 buffer (actors/buffer.py), which hands over one pack
 each time this actor tells it `Demand`.
@@ -18,10 +22,10 @@ each time this actor tells it `Demand`.
 Every write waits in an ordered list until the next commit. If the commit meets a storage fault
 (disk full, read-only: persistence.storage_faults) the transaction is rolled back, the list kept,
 and forwarding stops where it is instead of the actor dying (a restart would meet the same disk,
-and the restart budget would end the daemon): nothing new is sent, no PUBREL leaves, no pack goes
-on to the writer, while acks are still taken into memory. The commit is retried on a backoff on
-the clock; once it succeeds, what waited is sent, PUBLISHes whose 'publish' state was just
-committed included (with DUP set: harmless for a first send).
+and the restart budget would end the daemon): nothing new is sent, no PUBREL leaves, no pack is
+reported to the ledger, while acks are still taken into memory. The commit is retried on a
+backoff on the clock; once it succeeds, what waited is sent, PUBLISHes whose 'publish' state was
+just committed included (with DUP set: harmless for a first send).
 """
 
 from __future__ import annotations
@@ -43,10 +47,9 @@ from actors.crashpoints import crash_point
 from actors.pack import Pack, PackSealed
 from actors.routes import Route, render_target, route_for
 from actors.upstream_client import AckType, OutboundAck, OutboundPublish
-from persistence.database import connect_sqlite
-from persistence.inbound_ledger import LedgerRecord
+from persistence.database import OUTBOUND_VERSION, connect_sqlite
+from persistence.inbound_ledger import Forwarded, ForwardRecorded, LedgerRecord
 from persistence.storage_faults import describe, is_storage_fault
-from spark.writer import Landed
 from spark.zebra import INVALID_TOPIC, topic_problem
 
 log = logging.getLogger(__name__)
@@ -119,7 +122,7 @@ class OutboundLedger(pykka.ThreadingActor):
         self,
         path: Path,
         clock: Clock,
-        writer: pykka.ActorRef,
+        ledger: pykka.ActorRef,
         routes: tuple[Route, ...],
         environment_id: str,
         *,
@@ -133,7 +136,7 @@ class OutboundLedger(pykka.ThreadingActor):
         super().__init__()
         self._path = Path(path)
         self._clock = clock
-        self._writer = writer
+        self._ledger = ledger  # the inbound ledger: told what is done upstream
         self._routes = routes
         self._environment_id = environment_id
         self._durability = durability
@@ -175,7 +178,9 @@ class OutboundLedger(pykka.ThreadingActor):
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
-        self._db = connect_sqlite(self._path, self._durability, SCHEMA)
+        self._db = connect_sqlite(
+            self._path, self._durability, SCHEMA, OUTBOUND_VERSION, table="outbound"
+        )
         self._known = {
             seq: (state, packet_id, attempts)
             for seq, state, packet_id, attempts in self._db.execute(
@@ -194,6 +199,20 @@ class OutboundLedger(pykka.ThreadingActor):
             in_flight,
             self._window_setting,
         )
+        # Finished before a restart, perhaps not yet recorded by the inbound ledger: report them
+        # (again); its answer lets these rows go.
+        done = tuple(seq for seq, (state, _, _) in self._known.items() if state == "acked")
+        dead = tuple(
+            (seq, reason)
+            for seq, reason in self._db.execute(
+                "SELECT seq, coalesce(reason, 'forward_failed') FROM outbound WHERE state = 'dead'"
+            )
+        )
+        if done or dead:
+            log.info(
+                "outbound ledger: reporting %d finished message(s) again", len(done) + len(dead)
+            )
+            self._ledger.tell(Forwarded(done, dead, self.actor_ref))
 
     def on_stop(self) -> None:
         if self._storage_timer is not None:
@@ -242,7 +261,7 @@ class OutboundLedger(pykka.ThreadingActor):
                 self._stop_timeout()
         elif isinstance(message, _PackTimeout):
             self._on_timeout(message)
-        elif isinstance(message, Landed):
+        elif isinstance(message, ForwardRecorded):
             self._forget(message.seqs)
         else:
             log.warning("outbound ledger ignored %r", message)
@@ -258,7 +277,8 @@ class OutboundLedger(pykka.ThreadingActor):
             return
         if self._current.done:
             self._finish_pack()
-            self._pump()
+            if self._current is None:
+                self._pump()
             return
         self._send_some()
 
@@ -314,13 +334,20 @@ class OutboundLedger(pykka.ThreadingActor):
         )
 
     def _finish_pack(self) -> None:
+        # An ack's state may still wait for its flush: the report goes out only once every
+        # state of the pack is committed here, or a kill could leave an exchange in flight here
+        # that the ledger no longer feeds (a QoS 2 PUBREL never sent, the message never out).
+        if not self._commit():
+            return  # storage fault: the pack stays current; the retry's flush finishes it
         current, self._current = self._current, None
         assert current is not None
         if current.timer is not None:
             current.timer.cancel()
-        records = tuple(
-            dataclasses.replace(e.record, dead_reason=e.reason) if e.state == "dead" else e.record
+        done = tuple(e.record.seq for e in current.entries if e.state == "acked")
+        dead = tuple(
+            (e.record.seq, e.reason or "forward_failed")
             for e in current.entries
+            if e.state == "dead"
         )
         forwarded = sum(1 for e in current.entries if e.state == "acked" and e.message)
         self.stats.forwarded += forwarded
@@ -328,9 +355,9 @@ class OutboundLedger(pykka.ThreadingActor):
             "pack %d acknowledged upstream: %d forwarded, %d dead-lettered",
             current.pack.pack_id,
             forwarded,
-            sum(1 for e in current.entries if e.state == "dead"),
+            len(dead),
         )
-        self._writer.tell(PackSealed(Pack(current.pack.pack_id, records)))
+        self._ledger.tell(Forwarded(done, dead, self.actor_ref))
         if self._buffer is not None:
             self._buffer.tell(Demand())
 
@@ -657,7 +684,7 @@ class OutboundLedger(pykka.ThreadingActor):
         log.warning("message %s not forwarded: %s", entry.record.message_key, reason)
 
     def _forget(self, seqs: tuple[int, ...]) -> None:
-        """Rows in the table for good: their forwarding state is no longer needed."""
+        """The inbound ledger recorded these as done upstream: their rows here can go."""
         self._write("DELETE FROM outbound WHERE seq = ?", [(s,) for s in seqs])
         self._commit()
         for seq in seqs:

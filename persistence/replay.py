@@ -28,6 +28,9 @@ class ReplayMessage:
     topic: str
     payload: bytes
     qos: int
+    # The sink it is a dead letter for, and so the one sink it is replayed to: `table` (it goes
+    # through the parser again) or `upstream` (forwarded again; its reads are in the table).
+    sink: str = "table"
 
 
 def replay_key(message_key: str, request: str) -> str:
@@ -43,6 +46,7 @@ def write_request(data_dir: Path, messages: Iterable[ReplayMessage]) -> Path | N
                 "topic": m.topic,
                 "payload": base64.b64encode(m.payload).decode("ascii"),
                 "qos": m.qos,
+                "sink": m.sink,
             }
         )
         for m in messages
@@ -85,7 +89,11 @@ def read_request(path: Path) -> tuple[str, list[ReplayMessage]]:
         topic.encode("utf-8")  # UnicodeEncodeError is a ValueError
         if qos not in (0, 1, 2) or isinstance(qos, bool):
             raise ValueError(f"line {number}: qos must be 0, 1 or 2, not {qos!r}")
+        # Requests written before dead letters had a sink are table replays.
+        sink = row.get("sink", "table")
+        if sink not in ("table", "upstream"):
+            raise ValueError(f"line {number}: sink must be 'table' or 'upstream', not {sink!r}")
         messages.append(
-            ReplayMessage(key, topic, base64.b64decode(row["payload"], validate=True), qos)
+            ReplayMessage(key, topic, base64.b64decode(row["payload"], validate=True), qos, sink)
         )
     return path.name.removesuffix(SUFFIX), messages

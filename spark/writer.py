@@ -7,6 +7,12 @@ of up to `batch_max_rows` messages or `batch_max_seconds` of waiting. Each batch
 3. only then the ledger marks it committed and drops the payloads (`commit_batch`).
 A crash before 1 re-packs the rows; between 1 and 3 the recovery replays the same batch.
 
+The writer is one of the ledger's two sinks (DESIGN §7.1) and takes what the ledger feeds it on
+credit: at most `backlog_high` messages (and `backlog_high_bytes` of payload) handed over and not
+yet written; it grants credit again once no more than `backlog_low` wait. A slow or failing Spark
+leaves the rest waiting in the ledger, on disk: memory stays bounded, and the source is never
+paused for it (only the ledger's disk budget does that).
+
 A failed job is retried, same id and rows, after a backoff on the clock, for as long as it takes:
 its rows are durable in the ledger and must not be dropped because Spark is unwell. A job still
 running `processing_timeout` after it started is cancelled and retried the same way. While a batch
@@ -33,9 +39,10 @@ import pykka
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.crashpoints import crash_point, crash_soon
+from actors.feed import Grant
 from actors.pack import Pack, PackSealed
-from persistence.inbound_ledger import LedgerRecord, Pause, Resume
 from persistence.keys import READ_KEYS
+from persistence.records import TABLE, LedgerRecord
 from persistence.storage_faults import StorageUnavailable
 from spark.location import local_path
 
@@ -54,10 +61,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class ReplayBatch:
     """A batch begun and not committed: write it again, same id, same rows (after a crash, or
-    when a write failed)."""
+    when a write failed). `credited`: its rows came through the feed, so writing it gives the
+    ledger their credit back (a batch recovered at start did not)."""
 
     batch_id: int
     records: tuple[LedgerRecord, ...]
+    credited: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,13 +77,6 @@ class _Deadline:
 @dataclass(frozen=True, slots=True)
 class _Retry:
     pass
-
-
-@dataclass(frozen=True, slots=True)
-class Landed:
-    """Told to the forwarder after a batch committed: these rows are in the table for good."""
-
-    seqs: tuple[int, ...]
 
 
 @dataclass(frozen=True)
@@ -118,9 +120,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         idempotency_key: str = "payload_hash",
         table_writer: Callable[[object, Path | str], TableWriter] | None = None,
         retry_backoff: Backoff | None = None,
-        landed_listener: pykka.ActorRef | None = None,
         backlog_high: int = 100_000,
         backlog_low: int = 50_000,
+        backlog_high_bytes: int = 64 * 1024 * 1024,
         events_filter: str | None = None,
         on_health: Callable[[WriterHealth], None] | None = None,
         max_payload_bytes: int = 1024 * 1024,
@@ -142,10 +144,12 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._claim_reads = idempotency_key != "payload_hash"
         self._table_writer = table_writer
         self._retry_backoff = retry_backoff or Backoff(1.0, 60.0, 0.25)
-        self._landed_listener = landed_listener
         self._backlog_high = backlog_high
         self._backlog_low = backlog_low
-        self._backlog_paused = False
+        self._backlog_high_bytes = backlog_high_bytes
+        # Credit given to the ledger and not yet given back by a written batch.
+        self._credit_messages = 0
+        self._credit_bytes = 0
         # Records on topics matching this filter are life-cycle events: `events` table.
         self._events_filter = events_filter
         # Bigger payloads, or more events in one, are dead-lettered (spark.zebra limits).
@@ -173,6 +177,9 @@ class SparkWriterActor(pykka.ThreadingActor):
     def on_start(self) -> None:
         from spark.tables import TableWriter, clean_staging
 
+        # First, so that the ledger feeds the packs while the Spark session starts (seconds):
+        # they wait here, within the credit, and the first batch goes as soon as it can.
+        self._give_credit()
         if self._table_writer is None:
             self._table_writer = TableWriter
         # A remote location (hdfs://, s3a://) keeps its leftovers: readers ignore them anyway.
@@ -184,10 +191,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._session = self._session_factory()
         self._tables = self._table_writer(self._session, self._tables_dir)
         log.info("spark writer ready: tables in %s", self._tables_dir)
-
-    def set_landed_listener(self, listener: pykka.ActorRef) -> None:
-        """The forwarder, told `Landed` after each commit (wired after both have started)."""
-        self._landed_listener = listener
 
     def on_stop(self) -> None:
         if self._failed is None:
@@ -214,7 +217,6 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._pending.append(message.pack)
             self._pending_messages += len(message.pack.records)
             self._pending_bytes += sum(len(r.payload) for r in message.pack.records)
-            self._check_backlog()
             if (
                 self._pending_messages >= self._batch_max_rows
                 or self._pending_bytes >= self._batch_max_bytes
@@ -259,17 +261,21 @@ class SparkWriterActor(pykka.ThreadingActor):
         except pykka.ActorDeadError:
             pass
 
-    def _check_backlog(self) -> None:
-        """Past `backlog_high` messages waiting (Spark slow or failing), stop acknowledging the
-        source until the backlog is down to `backlog_low`: memory stays bounded."""
-        if not self._backlog_paused and self._pending_messages >= self._backlog_high:
-            self._backlog_paused = True
-            log.warning("%d messages wait for Spark: pausing the source", self._pending_messages)
-            self._ledger.actor_ref.tell(Pause("writer-backlog"))
-        elif self._backlog_paused and self._pending_messages <= self._backlog_low:
-            self._backlog_paused = False
-            log.info("Spark backlog down to %d messages: resuming", self._pending_messages)
-            self._ledger.actor_ref.tell(Resume("writer-backlog"))
+    def _give_credit(self) -> None:
+        """Top the ledger's credit up to `backlog_high` once no more than `backlog_low` of it
+        is out (messages handed on and not yet written): a grant per batch, not per pack."""
+        if self._credit_messages > self._backlog_low:
+            return
+        low_bytes = self._backlog_high_bytes * self._backlog_low // max(self._backlog_high, 1)
+        if self._credit_bytes > low_bytes and self._credit_messages > 0:
+            return
+        messages = self._backlog_high - self._credit_messages
+        size = self._backlog_high_bytes - self._credit_bytes
+        if messages <= 0 or size <= 0:
+            return
+        self._credit_messages += messages
+        self._credit_bytes += size
+        self._ledger.actor_ref.tell(Grant(TABLE, messages, size))
 
     def _flush(self) -> None:
         if self._deadline_timer is not None:
@@ -280,21 +286,18 @@ class SparkWriterActor(pykka.ThreadingActor):
             return
         packs, self._pending, self._pending_messages = self._pending, [], 0
         self._pending_bytes = 0
-        self._check_backlog()
         records = tuple(r for p in packs for r in p.records)
-        dead = [(r.seq, r.dead_reason) for r in records if r.dead_reason]
         try:
-            batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs], dead).get()
+            batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get()
         except StorageUnavailable as error:
             # Nothing was recorded: the packs go back in front, to be batched again.
             self._pending = packs + self._pending
             self._pending_messages += len(records)
             self._pending_bytes += sum(len(r.payload) for r in records)
-            self._check_backlog()
             self._schedule_retry(None, error, len(records))
             return
         crash_point("after_batch_begin_before_job")
-        self._write(ReplayBatch(batch_id, records))
+        self._write(ReplayBatch(batch_id, records, credited=True))
 
     # -- one batch --------------------------------------------------------------------------
 
@@ -342,8 +345,10 @@ class SparkWriterActor(pykka.ThreadingActor):
             # The files are written but not recorded: the retry overwrites the same partitions.
             self._schedule_retry(batch, error)
             return
-        if self._landed_listener is not None:
-            self._landed_listener.tell(Landed(tuple(r.seq for r in records)))
+        if batch.credited:
+            self._credit_messages -= len(records)
+            self._credit_bytes -= sum(len(r.payload) for r in records)
+            self._give_credit()
         if self.failures:
             log.info(
                 "Spark writes again: batch %d written after %d failed attempt(s) over %.0f s",

@@ -61,7 +61,8 @@ def test_defaults_load_without_a_file():
     # Plain by default: mosquitto forgets shared subscriptions on restart (test_mosquitto_facts).
     assert config.identity.subscriptions == ("zebra/fx/+/reads",)
     assert (config.buffer.max_messages, config.buffer.max_bytes) == (10000, 16 * 1024 * 1024)
-    assert (config.buffer.high_watermark, config.buffer.low_watermark) == (0.8, 0.5)
+    assert (config.buffer.high_watermark, config.buffer.low_watermark) == (None, 0.5)
+    assert (config.ledger.max_bytes, config.ledger.min_free_bytes) == (4 * 1024**3, 1024**3)
     assert (config.buffer.overflow, config.buffer.persist_qos0) == ("drop_oldest", False)
     assert (config.spark.backlog_high_messages, config.spark.backlog_low_messages) == (
         100000,
@@ -98,8 +99,10 @@ def test_gateway_toml_uncommented_enables_forwarding_and_spells_out_every_option
     assert set(route) == {"source", "target", "qos", "persist"}
     # Keys naming files are checked at load and their example paths do not exist here (and
     # password_file excludes password_env); they are tested in tests/actors/test_tls.py.
+    # high_watermark is no longer used: written down only to say so (its warning is tested in
+    # test_the_old_tier2_high_watermark_still_loads_and_warns_that_it_is_unused).
     uncommented = re.sub(
-        r"^(password_file|tls_ca_file|tls_cert_file|tls_key_file) = .*$",
+        r"^(password_file|tls_ca_file|tls_cert_file|tls_key_file|high_watermark) = .*$",
         "",
         uncommented,
         flags=re.MULTILINE,
@@ -772,3 +775,10 @@ def test_summary_lines_list_the_upstream_its_client_id_and_every_route(tmp_path)
     assert "routes[0] zebra/fx/+/reads -> up/{reader} at QoS 2" in summary
     assert "routes[1] b/# -> {topic} at QoS 1" in summary
     assert any(line.startswith("tier-2 buffer 10000 messages / 16777216 bytes") for line in summary)
+
+
+def test_the_old_tier2_high_watermark_still_loads_and_warns_that_it_is_unused(tmp_path):
+    config = load(write(tmp_path, "[buffer]\nhigh_watermark = 0.8\n"))
+    assert config.buffer.high_watermark == 0.8
+    assert any("high_watermark is no longer used" in w for w in config.warnings())
+    assert not any("high_watermark" in w for w in load().warnings())

@@ -60,7 +60,9 @@ def test_the_sink_returns_only_once_the_ledger_has_committed_the_event(tmp_path)
         sink.tell(EVENT)
         # Another connection sees the row at once: it was committed before tell returned.
         with sqlite3.connect(tmp_path / "ledger.sqlite") as conn:
-            stored = conn.execute("SELECT topic, payload, qos FROM inbound").fetchall()
+            stored = conn.execute(
+                "SELECT topic, payload, qos FROM inbound JOIN payloads USING (seq)"
+            ).fetchall()
         assert stored == [
             (
                 "site/dev/events/fxgate-prod-gw-01",

@@ -55,9 +55,19 @@ def snapshot(
             "commits": 12,
             "pending": pending,
             "awaiting_pubrel": 4,
-            "held_acks": 9,
-            "held_rows": 0,
             "paused_by": [],
+            "lag": {
+                "table": {"messages": pending, "oldest_age_seconds": 1.5},
+            },
+            "budget": {
+                "paused": False,
+                "pauses": 0,
+                "max_bytes": 4 * 1024**3,
+                "min_free_bytes": 1024**3,
+                "used_bytes": 123456,
+                "free_bytes": 50 * 1024**3,
+                "describe": "…",
+            },
         },
         "intake": {
             "waiting_messages": 11,
@@ -101,10 +111,9 @@ def snapshot(
         out["buffer"] = {
             "tier2_messages": 40,
             "tier2_bytes": 10000,
-            "tier1_waiting_packs": 2,
-            "paused_source": True,
             "dropped_qos0": 8,
         }
+        out["ledger"]["lag"]["upstream"] = {"messages": 900, "oldest_age_seconds": 42.0}
     out.update(extra)
     return out
 
@@ -136,13 +145,14 @@ def test_the_collector_exports_every_figure_of_the_snapshot(board):
         ("fxgate_messages_accepted_total", None): 500,
         ("fxgate_messages_duplicates_total", None): 7,
         ("fxgate_ledger_pending_messages", None): 20,
-        ("fxgate_ledger_held_acks", None): 9,
         ("fxgate_ledger_awaiting_pubrel", None): 4,
         ("fxgate_intake_waiting_messages", None): 11,
         ("fxgate_tier2_messages", None): 40,
         ("fxgate_tier2_bytes", None): 10000,
-        ("fxgate_tier1_waiting_packs", None): 2,
-        ("fxgate_source_paused", None): 1,
+        ("fxgate_source_paused", None): 0,
+        ("fxgate_ledger_budget_bytes", None): 4 * 1024**3,
+        ("fxgate_ledger_used_bytes", None): 123456,
+        ("fxgate_ledger_free_bytes", None): 50 * 1024**3,
         ("fxgate_dropped_qos0_total", None): 8,
         ("fxgate_upstream_in_flight", None): 6,
         ("fxgate_messages_forwarded_total", None): 300,
@@ -157,6 +167,10 @@ def test_the_collector_exports_every_figure_of_the_snapshot(board):
     for (name, connection), value in expected.items():
         labels = {} if connection is None else {"connection": connection}
         assert sample(registry, name, **labels) == value, name
+    # Each sink's own lag.
+    assert sample(registry, "fxgate_sink_lag_messages", sink="table") == 20
+    assert sample(registry, "fxgate_sink_lag_messages", sink="upstream") == 900
+    assert sample(registry, "fxgate_sink_lag_seconds", sink="upstream") == 42.0
 
 
 def test_a_connection_that_is_not_connected_exports_0_and_how_long_it_has_been_down(board, clock):
@@ -367,3 +381,20 @@ def test_a_ledger_that_cannot_write_is_unhealthy_at_once_and_exported(board):
     assert "fxgate_ledger_storage_failures_total 4.0" in text
     board.publish(snapshot())
     assert board.health().healthy
+
+
+def test_a_ledger_at_its_disk_budget_is_unhealthy_with_the_budget_named_and_flagged(board):
+    paused = snapshot()
+    paused["ledger"]["budget"].update(
+        paused=True, pauses=1, describe="[ledger] max_bytes = 2.00 MiB: 2.10 MiB used; …"
+    )
+    board.publish(paused)
+    health = board.health()
+    assert not health.healthy
+    assert any(
+        "source paused: the ledger is at its disk budget ([ledger] max_bytes = 2.00 MiB" in r
+        for r in health.reasons
+    )
+    registry = build_registry(board)
+    assert sample(registry, "fxgate_source_paused") == 1
+    assert sample(registry, "fxgate_source_pauses_total") == 1

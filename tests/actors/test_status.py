@@ -2,7 +2,7 @@ from actors.clock import SimulatedClock
 from actors.config import load_config
 from actors.connection import Inbound
 from actors.status import collect_status, format_status
-from persistence.inbound_ledger import InboundLedger
+from persistence.inbound_ledger import Forwarded, InboundLedger
 from tests.persistence.test_inbound_ledger import RecordingAcks, publish
 
 
@@ -22,7 +22,14 @@ def running_report(now: float) -> dict:
                 "disconnects": 3,
                 "last_reason": "connection lost",
             },
-            "ledger": {"held_acks": 200, "held_rows": 1800, "paused_by": ["tier2"]},
+            "ledger": {
+                "paused_by": ["disk budget"],
+                "budget": {
+                    "paused": True,
+                    "describe": "[ledger] max_bytes = 4.00 GiB: 4.01 GiB used; "
+                    "min_free_bytes = 1.00 GiB: 20.00 GiB free",
+                },
+            },
             "intake": {"waiting_messages": 17},
             "lifecycle": [
                 {
@@ -56,17 +63,26 @@ def test_status_names_each_connection_depth_pause_and_the_table_lag_for_a_person
         "events:     source fxgate-site1-gw1: disconnected, sequence 3, last reason ConnectionLost"
         in text
     )
-    assert "200 ack(s) and 1800 row(s) held; source paused: tier2" in text
+    assert "and not yet stored; source paused: disk budget" in text
+    assert (
+        "PAUSED:     the ledger is at its disk budget ([ledger] max_bytes = 4.00 GiB: 4.01 GiB "
+        "used; min_free_bytes = 1.00 GiB: 20.00 GiB free)" in text
+    )
     assert "2000 message(s) not yet in the table, 4 QoS 2 awaiting PUBREL" in text
     assert "1 batch(es) open, last pack 77" in text
-    assert "table lag:  12.5 s" in text
+    assert "table lag:  12.5 s, 2000 message(s)" in text
     assert "last batch: 9 (20000 rows, 2 dead letters)" in text
 
 
-def test_collect_status_measures_the_table_lag_from_the_oldest_stored_read(tmp_path):
+def test_collect_status_measures_each_sinks_lag_from_its_oldest_stored_read(tmp_path):
     config = load_config(None, {"FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data")}, "gw")
     clock = SimulatedClock()
-    ledger = InboundLedger.start(config.gateway.ledger_path, clock, group_commit_max_delay=0.0)
+    ledger = InboundLedger.start(
+        config.gateway.ledger_path,
+        clock,
+        group_commit_max_delay=0.0,
+        forward_topic=lambda topic: True,
+    )
     try:
         acks = RecordingAcks(config.gateway.ledger_path)
         ledger.tell(Inbound(publish(1, b"first"), acks))
@@ -74,13 +90,22 @@ def test_collect_status_measures_the_table_lag_from_the_oldest_stored_read(tmp_p
         clock.advance(30.0)
         ledger.tell(Inbound(publish(2, b"second"), acks))
         acks.wait_for(2)
+        # The first one is upstream already; both still wait for the table.
+        ledger.tell(Forwarded((1,)))
+        ledger.proxy().stats().get(timeout=5)
     finally:
         ledger.stop()
     report = collect_status(config, now=clock.wall() + 5.0)
     assert report["ledger"]["pending_messages"] == 2
+    assert report["ledger"]["upstream_pending_messages"] == 1
     assert report["table_lag_seconds"] == 35.0
+    assert report["upstream_lag_seconds"] == 5.0
     assert report["daemon"] == {"running": False}
-    assert "table lag:  35.0 s" in format_status(report)
+    text = format_status(report)
+    assert "table lag:  35.0 s, 2 message(s)" in text
+    assert "upstream lag: 5.0 s, 1 message(s) not yet acknowledged upstream" in text
+    assert report["ledger"]["used_bytes"] > 0
+    assert "disk:       ledger uses " in text and "of its 4.00 GiB budget" in text
 
 
 def test_status_says_when_the_ledger_cannot_write_spark_fails_or_a_file_was_found_corrupt():
@@ -106,7 +131,10 @@ def test_status_says_when_the_ledger_cannot_write_spark_fails_or_a_file_was_foun
     assert "SPARK:      4 failed attempt(s) in a row (9 in all)" in text
     assert "RuntimeError: Lost executor 0, next retry in 8 s" in text
     assert "CORRUPT:    /var/lib/fxgate/outbound.sqlite.corrupt-20261121T101500Z" in text
-    healthy = format_status(running_report(now))
+    calm = running_report(now)
+    calm["daemon"]["ledger"] = {"paused_by": []}
+    healthy = format_status(calm)
+    assert "PAUSED:" not in healthy
     assert "STORAGE:" not in healthy and "SPARK:" not in healthy and "CORRUPT:" not in healthy
 
 

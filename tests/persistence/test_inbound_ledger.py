@@ -6,10 +6,17 @@ import pytest
 
 from actors.clock import SimulatedClock
 from actors.connection import Inbound, SessionStarted
+from actors.feed import Grant
 from actors.mqtt_client import AckKind, AckSender, InboundPublish, InboundPubrel
 from persistence import inbound_ledger
-from persistence.inbound_ledger import Committed, InboundLedger, Pause, Resume
+from persistence.inbound_ledger import (
+    Committed,
+    Forwarded,
+    ForwardRecorded,
+    InboundLedger,
+)
 from persistence.keys import message_key
+from persistence.records import TABLE, UPSTREAM
 from tests.harness.checks import wait_until
 
 TOPIC = "zebra/fx/fx9600-01/reads"
@@ -67,15 +74,34 @@ class RecordingAcks(Acks):
 
 
 class Listener:
+    """A sink's feed target: records every Committed it is told."""
+
     def __init__(self):
         self.records = []
+        self.told = []
         self.cond = threading.Condition()
 
     def tell(self, message):
-        assert isinstance(message, Committed)
         with self.cond:
-            self.records.extend(message.records)
+            self.told.append(message)
+            if isinstance(message, Committed):
+                self.records.extend(message.records)
             self.cond.notify_all()
+
+    def wait_for(self, count, timeout=5):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.records) >= count, timeout), self.records
+            return list(self.records)
+
+
+def listen(ledger, sink=TABLE, credit=10_000):
+    """A listener wired to `sink`'s feed, with `credit` messages (and bytes enough)."""
+    listener = Listener()
+    wire = ledger.proxy().set_listener if sink == TABLE else ledger.proxy().set_forwarder
+    wire(listener).get(timeout=5)
+    if credit:
+        ledger.tell(Grant(sink, credit, 10**9))
+    return listener
 
 
 @pytest.fixture
@@ -102,7 +128,8 @@ def start_ledger(db_path):
 def rows(db_path):
     with sqlite3.connect(db_path) as conn:
         return conn.execute(
-            "SELECT message_key, packet_id, payload FROM inbound ORDER BY seq"
+            "SELECT message_key, packet_id, payload FROM inbound "
+            "LEFT JOIN payloads USING (seq) ORDER BY seq"
         ).fetchall()
 
 
@@ -221,8 +248,7 @@ def test_a_full_group_commits_without_waiting_for_the_timer(start_ledger, db_pat
 
 def test_the_listener_gets_new_rows_in_arrival_order_and_no_duplicates(start_ledger, db_path):
     ledger = start_ledger()
-    listener = Listener()
-    ledger.proxy().set_listener(listener).get(timeout=5)
+    listener = listen(ledger)
     acks = RecordingAcks(db_path)
     for pid, payload in [(1, b"x"), (2, b"y"), (3, b"x"), (4, b"z")]:
         ledger.tell(Inbound(publish(pid, payload), acks))
@@ -254,8 +280,7 @@ def test_recovery_replays_open_batches_and_repacks_loose_rows(start_ledger, db_p
     assert recovery.loose == 1
     assert recovery.next_pack_id == 4
     # The loose row goes to the listener once there is one, read back from the database.
-    listener = Listener()
-    restarted.proxy().set_listener(listener).get(timeout=5)
+    listener = listen(restarted)
     with listener.cond:
         assert listener.cond.wait_for(lambda: listener.records, 5)
     assert [r.seq for r in listener.records] == [5]
@@ -307,8 +332,7 @@ def test_received_time_is_the_injected_clocks_wall_time(start_ledger, db_path):
     # ignore list, DESIGN §6) is always within the frames freezegun inspects.
     clock = SimulatedClock(start_monotonic=0.0, start_wall=1_795_248_000.0)
     ledger = start_ledger(clock)
-    listener = Listener()
-    ledger.proxy().set_listener(listener).get(timeout=5)
+    listener = listen(ledger)
     clock.advance(2.5)
     acks = RecordingAcks(db_path)
     ledger.tell(Inbound(publish(1, b"t"), acks))
@@ -343,80 +367,156 @@ def test_a_dup0_publish_reusing_a_qos1_packet_id_is_a_new_message(start_ledger, 
     assert [r[2] for r in rows(db_path)] == [b"first", b"second"]
 
 
-def test_while_paused_acks_and_rows_are_held_and_a_resume_hands_them_on_in_order(
+def test_rows_wait_in_the_ledger_without_credit_and_come_back_in_order_with_it(
     start_ledger, db_path, monkeypatch
 ):
-    monkeypatch.setattr(inbound_ledger, "RELEASE_CHUNK", 3)
+    """A sink that grants nothing (Spark failing, the upstream away) holds up neither the source
+    nor the other sink: every message is acknowledged once stored, and what the sink cannot
+    take waits on disk, read back in seq order, a chunk per turn, once it grants credit."""
+    monkeypatch.setattr(inbound_ledger, "READ_BACK_CHUNK", 3)
     ledger = start_ledger()
-    listener = Listener()
-    ledger.proxy().set_listener(listener).get(timeout=5)
+    listener = listen(ledger, credit=1)
     acks = RecordingAcks(db_path)
-    ledger.tell(Inbound(publish(1, b"before"), acks))
-    acks.wait_for(1)
-    ledger.tell(Pause("tier2"))
-    for pid in range(2, 12):
-        ledger.tell(Inbound(publish(pid, b"held-%d" % pid), acks))
-    # Stored, yet neither acknowledged nor handed on.
-    assert wait_until(lambda: ledger.proxy().stats().get(timeout=5)["held_acks"] == 10, 5)
-    stats = ledger.proxy().stats().get(timeout=5)
-    assert (stats["accepted"], stats["held_rows"]) == (11, 10)
-    assert len(acks.acks) == 1
-    assert [r.payload for r in listener.records] == [b"before"]
-
-    ledger.tell(Resume("tier2"))
-    ledger.tell(Inbound(publish(12, b"after"), acks))
-    acks.wait_for(12)
-    with listener.cond:
-        assert listener.cond.wait_for(lambda: len(listener.records) >= 12, 5)
-    assert [r.payload for r in listener.records] == (
-        [b"before"] + [b"held-%d" % pid for pid in range(2, 12)] + [b"after"]
-    )
-    assert ledger.proxy().stats().get(timeout=5)["held_rows"] == 0
-
-
-def test_a_pause_during_the_release_stops_it_between_two_chunks(start_ledger, db_path, monkeypatch):
-    monkeypatch.setattr(inbound_ledger, "RELEASE_CHUNK", 3)
-    ledger = start_ledger()
-    listener = Listener()
-    ledger.proxy().set_listener(listener).get(timeout=5)
-    acks = RecordingAcks(db_path)
-    ledger.tell(Pause("writer-backlog"))
-    for pid in range(1, 11):
+    for pid in range(1, 12):
         ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
-    # The resume hands on one chunk and queues the next behind the new pause.
-    assert wait_until(lambda: ledger.proxy().stats().get(timeout=5)["held_rows"] == 10, 5)
-    ledger.tell(Resume("writer-backlog"))
-    ledger.tell(Pause("writer-backlog"))
+    assert len(acks.wait_for(11)) == 11  # the source is acknowledged all the same
+    assert [r.payload for r in listener.wait_for(1)] == [b"m1"]
     stats = ledger.proxy().stats().get(timeout=5)
-    assert [r.payload for r in listener.records] == [b"m1", b"m2", b"m3"]
-    assert stats["held_rows"] == 7
-    ledger.tell(Resume("writer-backlog"))
-    with listener.cond:
-        assert listener.cond.wait_for(lambda: len(listener.records) >= 10, 5)
-    assert [r.payload for r in listener.records] == [b"m%d" % pid for pid in range(1, 11)]
+    assert stats["feeds"]["table"]["behind_from"] == 2
+    assert stats["lag"]["table"]["messages"] == 11
+    assert [r.payload for r in listener.records] == [b"m1"]
+
+    ledger.tell(Grant(TABLE, 100, 10**9))
+    ledger.tell(Inbound(publish(12, b"after"), acks))
+    got = listener.wait_for(12)
+    assert [r.payload for r in got] == [b"m%d" % pid for pid in range(1, 12)] + [b"after"]
+    # Read back in chunks of three (the last one may hold the newest too), then caught up.
+    sizes = [len(m.records) for m in listener.told if isinstance(m, Committed)]
+    assert sizes[1:4] == [3, 3, 3] and all(size <= 3 for size in sizes[4:])
+    assert ledger.proxy().stats().get(timeout=5)["feeds"]["table"]["behind_from"] is None
 
 
-def test_rows_committed_while_paused_are_left_for_the_next_start_if_the_daemon_stops(
-    start_ledger, db_path
-):
+def test_a_byte_credit_stops_the_feed_after_the_record_that_spends_it(start_ledger, db_path):
     ledger = start_ledger()
     listener = Listener()
     ledger.proxy().set_listener(listener).get(timeout=5)
+    ledger.tell(Grant(TABLE, 100, 5))
     acks = RecordingAcks(db_path)
-    ledger.tell(Pause("tier2"))
+    for pid in range(1, 5):
+        ledger.tell(Inbound(publish(pid, b"abc%d" % pid), acks))
+    acks.wait_for(4)
+    # 4 bytes each: the second spends the last byte (one payload may overshoot), the rest wait.
+    assert [r.payload for r in listener.wait_for(2)] == [b"abc1", b"abc2"]
+    ledger.proxy().stats().get(timeout=5)
+    assert len(listener.records) == 2
+
+
+def test_rows_no_sink_took_are_left_for_the_next_start_if_the_daemon_stops(start_ledger, db_path):
+    ledger = start_ledger()
+    listener = listen(ledger, credit=0)
+    acks = RecordingAcks(db_path)
     for pid in range(1, 4):
         ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
-    assert wait_until(lambda: ledger.proxy().stats().get(timeout=5)["held_rows"] == 3, 5)
+    acks.wait_for(3)
     ledger.stop()
     assert listener.records == []
 
     restarted = start_ledger()
     assert restarted.proxy().recovery().get(timeout=5).loose == 3
-    again = Listener()
-    restarted.proxy().set_listener(again).get(timeout=5)
-    with again.cond:
-        assert again.cond.wait_for(lambda: len(again.records) >= 3, 5)
-    assert [r.payload for r in again.records] == [b"m1", b"m2", b"m3"]
+    again = listen(restarted)
+    assert [r.payload for r in again.wait_for(3)] == [b"m1", b"m2", b"m3"]
+
+
+def forwarding_ledger(start_ledger, **options):
+    """A ledger that forwards every topic but `zebra/local/...`."""
+    return start_ledger(forward_topic=lambda topic: not topic.startswith("zebra/local/"), **options)
+
+
+def test_each_sink_gets_the_rows_it_owes_on_its_own_feed(start_ledger, db_path):
+    ledger = forwarding_ledger(start_ledger)
+    table, upstream = listen(ledger, TABLE), listen(ledger, UPSTREAM)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"routed"), acks))
+    ledger.tell(Inbound(publish(2, b"local", topic="zebra/local/x/reads"), acks))
+    acks.wait_for(2)
+    assert [r.payload for r in table.wait_for(2)] == [b"routed", b"local"]
+    assert [r.payload for r in upstream.wait_for(1)] == [b"routed"]
+    ledger.proxy().stats().get(timeout=5)
+    assert len(upstream.records) == 1
+    assert [(r.to_table, r.to_upstream) for r in table.records] == [(True, True), (True, False)]
+
+
+def test_a_payload_goes_only_when_the_table_and_the_upstream_are_both_done(start_ledger, db_path):
+    ledger = forwarding_ledger(start_ledger)
+    listen(ledger, TABLE)
+    acks = RecordingAcks(db_path)
+    for pid in (1, 2):
+        ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
+    acks.wait_for(2)
+    proxy = ledger.proxy()
+    proxy.commit_batch(proxy.begin_batch([(1, [1, 2])]).get(timeout=5), 2, 0).get(timeout=5)
+    # Landed, but still owed upstream: the payloads stay.
+    assert [r[2] for r in rows(db_path)] == [b"m1", b"m2"]
+    outbound = Listener()
+    ledger.tell(Forwarded((1,), (), outbound))
+    assert wait_until(lambda: [r[2] for r in rows(db_path)] == [None, b"m2"], 5)
+    with outbound.cond:
+        assert outbound.cond.wait_for(lambda: outbound.told, 5)
+    assert outbound.told == [ForwardRecorded((1,))]
+    lag = proxy.stats().get(timeout=5)["lag"]
+    assert (lag["table"]["messages"], lag["upstream"]["messages"]) == (0, 1)
+
+
+def test_forwarded_first_and_landed_later_drops_the_payload_at_the_landing(start_ledger, db_path):
+    ledger = forwarding_ledger(start_ledger)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"m1"), acks))
+    acks.wait_for(1)
+    ledger.tell(Forwarded((1,)))
+    proxy = ledger.proxy()
+    proxy.stats().get(timeout=5)
+    assert [r[2] for r in rows(db_path)] == [b"m1"]  # the table still owes it
+    proxy.commit_batch(proxy.begin_batch([(1, [1])]).get(timeout=5), 1, 0).get(timeout=5)
+    assert [r[2] for r in rows(db_path)] == [None]
+
+
+def test_an_upstream_dead_letter_becomes_a_row_for_the_table_once_even_if_reported_twice(
+    start_ledger, db_path
+):
+    ledger = forwarding_ledger(start_ledger)
+    table = listen(ledger, TABLE)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"gave up"), acks))
+    acks.wait_for(1)
+    ledger.tell(Forwarded((), ((1, "forward_failed"),)))
+    ledger.tell(Forwarded((), ((1, "forward_failed"),)))  # again, after a restart of the sender
+    read, dead = table.wait_for(2)
+    assert (read.dead_reason, read.to_table) == (None, True)
+    assert (dead.dead_reason, dead.dead_sink, dead.payload) == (
+        "forward_failed",
+        "upstream",
+        b"gave up",
+    )
+    assert (dead.to_table, dead.to_upstream) == (True, False)
+    assert dead.message_key == message_key(TOPIC, b"gave up") + "/upstream"
+    ledger.proxy().stats().get(timeout=5)
+    assert len(rows(db_path)) == 2 and len(table.records) == 2
+
+
+def test_without_forwarding_a_start_clears_what_an_earlier_run_owed_upstream(start_ledger, db_path):
+    first = forwarding_ledger(start_ledger)
+    acks = RecordingAcks(db_path)
+    first.tell(Inbound(publish(1, b"m1"), acks))
+    acks.wait_for(1)
+    proxy = first.proxy()
+    proxy.commit_batch(proxy.begin_batch([(1, [1])]).get(timeout=5), 1, 0).get(timeout=5)
+    assert [r[2] for r in rows(db_path)] == [b"m1"]
+    first.stop()
+
+    second = start_ledger()  # forwarding off now
+    lag = second.proxy().stats().get(timeout=5)["lag"]
+    assert "upstream" not in lag
+    assert [r[2] for r in rows(db_path)] == [None]
 
 
 @pytest.mark.parametrize(

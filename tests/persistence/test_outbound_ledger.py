@@ -15,12 +15,13 @@ from actors.buffer import Demand, TierTwoBuffer
 from actors.clock import RealClock, SimulatedClock
 from actors.config import load_config
 from actors.connection import SessionEnded, SessionStarted
+from actors.feed import Grant
 from actors.pack import Pack, PackSealed
 from actors.routes import DEFAULT_TARGET, Route
 from actors.simulate import expected_read_ids, simulate
 from actors.supervisor import Supervisor
 from actors.upstream_client import IDEMPOTENCY_PROPERTY, AckType, OutboundAck
-from persistence.inbound_ledger import LedgerRecord
+from persistence.inbound_ledger import Committed, Forwarded, ForwardRecorded, LedgerRecord
 from persistence.outbound_ledger import OutboundLedger
 from spark.report import compare, landed_ids_spark
 from tests.harness.checks import wait_until, wait_until_landed
@@ -220,7 +221,9 @@ def test_reads_wait_through_an_upstream_outage_and_arrive_once_in_order(
         gateway = forwarding_gateway(qos=1)
         upstream.stop()
         result = simulate(source.host, source.port, readers=2, rate=0, count=300, qos=1)
-        assert gateway.rows_written == 0  # nothing reached upstream, so nothing is in the table
+        # The table does not wait for the cloud (DESIGN §7.1): every read lands meanwhile.
+        assert gateway.wait_for_landed(600, timeout=60)
+        assert cloud.messages == []  # and none of them reached upstream yet
         upstream.start()
         messages = cloud.wait_for(600, timeout=90)
         keys = [props[IDEMPOTENCY_PROPERTY] for _, _, props in messages]
@@ -272,78 +275,102 @@ def packs_of(count, size, start=1):
         yield Pack(pack_id, tuple(records))
 
 
-class FakeInbound(Inbox):
-    """The inbound ledger as the forwarder sees it: Pause/Resume, and tier-1 reads by seq."""
+def records_of(count, start=1, size=100, topic="zebra/fx/r1/reads"):
+    return tuple(
+        LedgerRecord(seq, f"k{seq}", topic, b"x" * size, 1, 0.0, None, to_upstream=True)
+        for seq in range(start, start + count)
+    )
 
-    def __init__(self, records):
+
+class FakeLedger(Inbox):
+    """The inbound ledger as tier 2 sees it: it feeds records from its log as credit allows."""
+
+    def __init__(self, log=()):
         super().__init__()
-        self.by_seq = {r.seq: r for r in records}
-        self.reads = 0
+        self.log = list(log)
+        self.buffer = None
+        self.credit = 0
 
-    def proxy(self):
-        return self
+    def tell(self, message):
+        super().tell(message)
+        if isinstance(message, Grant):
+            self.credit += message.messages
+            self._feed()
 
-    def records(self, seqs):
-        self.reads += 1
-        found = tuple(self.by_seq[s] for s in seqs)
+    def connect(self, buffer):
+        self.buffer = buffer
+        self._feed()
 
-        class Done:
-            def get(self, timeout=None):
-                return found
+    def _feed(self):
+        with self.cond:
+            if self.buffer is None:
+                return
+            taken, self.log = self.log[: self.credit], self.log[self.credit :]
+            self.credit -= len(taken)
+        if taken:
+            self.buffer.tell(Committed(tuple(taken)))
 
-        return Done()
 
-
-def test_a_long_outage_keeps_tier2_within_its_caps_and_pauses_and_resumes_the_source(tmp_path):
+def test_a_long_outage_keeps_tier2_within_its_caps_and_never_pauses_the_source(tmp_path):
     clock = SimulatedClock()
-    packs = list(packs_of(14, 10))
-    writer = Inbox()
-    source = FakeInbound([r for p in packs for r in p.records])
+    ledger = FakeLedger(records_of(140))
     route = (Route(0, "zebra/fx/+/reads"),)
     outbound = OutboundLedger.start(
-        tmp_path / "outbound.sqlite", clock, writer, route, "env", processing_timeout=20.0
+        tmp_path / "outbound.sqlite", clock, ledger, route, "env", processing_timeout=20.0
     )
     buffer = TierTwoBuffer.start(
-        outbound,
-        writer,
-        source,
-        route,
-        max_messages=100,
-        max_bytes=10**6,
-        high_watermark=0.8,
-        low_watermark=0.5,
+        outbound, ledger, route, max_messages=100, max_bytes=10**6, low_watermark=0.5, pack_size=10
     )
     try:
+        ledger.connect(buffer)
         outbound.proxy().set_buffer(buffer).get(timeout=5)
-        fills = []
-        for pack in packs:
-            buffer.tell(PackSealed(pack))
-            fills.append(buffer.proxy().status().get(timeout=5)["tier2_messages"])
-        # The first pack went to the outbound ledger (unsent: no connection); 80 queued pauses
-        # the source; past 100 the rest waits in tier 1 with only its ids in memory.
-        assert max(fills) == 100
-        assert [type(m).__name__ for m in source.messages] == ["Pause"]
+        # The first pack went to the outbound ledger (unsent: no connection); tier 2 holds the
+        # next 100 and asks tier 1 for no more: the rest waits there.
+        assert wait_until(lambda: buffer.proxy().status().get(timeout=5)["tier2_messages"] == 100)
         # An hour of outage on the clock: pack timeouts come and go, nothing is lost or sent.
         for _ in range(180):
             clock.advance(20.0)
         status = buffer.proxy().status().get(timeout=5)
-        assert (status["tier2_messages"], status["tier1_waiting_packs"]) == (100, 3)
+        assert (status["tier2_messages"], status["tier2_peak_messages"]) == (100, 100)
+        assert len(ledger.log) == 30
+        assert not [m for m in ledger.messages if type(m).__name__ in ("Pause", "Resume")]
 
         client = AckingClient()
         client.actor = outbound
         outbound.proxy().set_client(client).get(timeout=5)
         outbound.tell(SessionStarted(epoch=1, session_present=True, receive_maximum=20))
-        acknowledged = writer.wait_for(lambda m: len(m) == 14)
-        assert [m.pack.pack_id for m in acknowledged] == list(range(14))
-        assert [type(m).__name__ for m in source.wait_for(lambda m: len(m) == 2)] == [
-            "Pause",
-            "Resume",
-        ]
+        reports = ledger.wait_for(lambda m: sum(len(x.done) for x in _reports(m)) == 140)
+        assert [seq for r in _reports(reports) for seq in r.done] == list(range(1, 141))
         assert [m.message_key for m in client.sent] == [f"k{s}" for s in range(1, 141)]
-        assert source.reads == 3
+        assert buffer.proxy().status().get(timeout=5)["tier2_peak_messages"] == 100
     finally:
         buffer.stop()
         outbound.stop()
+
+
+def _reports(messages):
+    return [m for m in messages if isinstance(m, Forwarded)]
+
+
+def test_tier2_hands_the_outbound_full_packs_from_a_backlog_and_a_trickle_at_once():
+    ledger, outbound = FakeLedger(records_of(25)), Inbox()
+    buffer = TierTwoBuffer.start(
+        outbound, ledger, (Route(0, "zebra/fx/+/reads"),), max_messages=100, pack_size=10
+    )
+    try:
+        ledger.connect(buffer)
+        assert wait_until(lambda: buffer.proxy().status().get(timeout=5)["tier2_messages"] == 25)
+        for _ in range(3):
+            buffer.tell(Demand())
+        packs = [m.pack for m in outbound.wait_for(3)]
+        assert [len(p.records) for p in packs] == [10, 10, 5]
+        assert [r.seq for p in packs for r in p.records] == list(range(1, 26))
+        buffer.tell(Demand())
+        buffer.tell(Committed(records_of(1, start=26)))
+        (_, _, _, trickle) = outbound.wait_for(4)
+        assert [r.seq for r in trickle.pack.records] == [26]
+    finally:
+        buffer.stop()
 
 
 class ScriptedClient(OneByOne):
@@ -444,8 +471,9 @@ def test_retry_all_resends_the_unacknowledged_with_the_same_ids_then_dead_letter
         again = client.wait_sent(2 * (attempt + 2))[-2:]
         assert [(p, d) for _, p, d, *_ in again] == [(p, True) for _, p, _d, *_ in first]
     clock.advance(20.0)
-    (sealed,) = writer.wait_for(lambda m: len(m) == 1)
-    assert [r.dead_reason for r in sealed.pack.records] == ["forward_failed"] * 2
+    (report,) = writer.wait_for(lambda m: len(m) == 1)
+    assert report.dead == ((1, "forward_failed"), (2, "forward_failed"))
+    assert report.done == () and report.reply_to == ref
     assert ref.proxy().status().get(timeout=5)["dead"] == 2
 
 
@@ -472,8 +500,8 @@ def test_an_upstream_outage_does_not_count_against_the_packs_retries(outbound_wi
     client.wait_sent(6)
     assert clock.wait_for_timers(1)
     clock.advance(20.0)
-    (sealed,) = writer.wait_for(lambda m: len(m) == 1)
-    assert [r.dead_reason for r in sealed.pack.records] == ["forward_failed"] * 2
+    (report,) = writer.wait_for(lambda m: len(m) == 1)
+    assert [reason for _, reason in report.dead] == ["forward_failed"] * 2
 
 
 def test_a_refused_message_sent_again_is_stored_in_flight_not_refused(outbound_with, tmp_path):
@@ -497,8 +525,8 @@ def test_skip_all_dead_letters_what_is_unacknowledged_at_the_first_timeout(outbo
     client.wait_sent(3)
     assert clock.wait_for_timers(1)
     clock.advance(20.0)
-    (sealed,) = writer.wait_for(lambda m: len(m) == 1)
-    assert {r.dead_reason for r in sealed.pack.records} == {"forward_failed"}
+    (report,) = writer.wait_for(lambda m: len(m) == 1)
+    assert report.dead == ((1, "forward_failed"), (2, "forward_failed"), (3, "forward_failed"))
     assert len(client.sent) == 3  # nothing re-sent
 
 
@@ -510,8 +538,8 @@ def test_an_expired_message_is_not_forwarded_and_the_rest_carries_its_remaining_
     expired = LedgerRecord(1, "old", "zebra/fx/r1/reads", b"x", 1, 0.0, 0, None, clock_now - 1)
     fresh = LedgerRecord(2, "new", "zebra/fx/r1/reads", b"y", 1, 0.0, 0, None, clock_now + 30)
     _, _, writer = outbound_with(client, packs=[Pack(0, (expired, fresh))])
-    (sealed,) = writer.wait_for(lambda m: len(m) == 1)
-    assert [r.dead_reason for r in sealed.pack.records] == ["expired", None]
+    (report,) = writer.wait_for(lambda m: len(m) == 1)
+    assert (report.done, report.dead) == ((2,), ((1, "expired"),))
     assert [(key, expiry) for _, _, _, key, expiry in client.sent] == [("new", 30)]
 
 
@@ -525,47 +553,47 @@ def test_without_a_session_pending_pubrels_become_publishes_again(outbound_with)
     assert ref.proxy().status().get(timeout=5)["possible_duplicates"] == 1
 
 
-@pytest.mark.parametrize(("overflow", "kept"), [("drop_new", 0), ("drop_oldest", 2)])
-def test_a_full_tier2_drops_qos0_by_policy_and_counts_every_drop(overflow, kept):
-    # Nobody takes packs (upstream down); tier 2 holds one pack of 10, the others overflow.
-    writer, outbound = Inbox(), Inbox()
+@pytest.mark.parametrize(("overflow", "kept"), [("drop_new", [1, 10]), ("drop_oldest", [21, 30])])
+def test_a_full_tier2_drops_qos0_by_policy_and_reports_every_drop(overflow, kept):
+    # Nobody takes packs (upstream down); tier 2 holds 10, the other 20 QoS 0 messages overflow.
+    outbound = Inbox()
+    ledger = FakeLedger(records_of(30))
     route = (Route(0, "zebra/fx/+/reads", qos=0),)
-    packs = list(packs_of(3, 10))
-    buffer = TierTwoBuffer.start(
-        outbound, writer, FakeInbound([]), route, max_messages=10, overflow=overflow
-    )
+    buffer = TierTwoBuffer.start(outbound, ledger, route, max_messages=10, overflow=overflow)
     try:
-        for pack in packs:
-            buffer.tell(PackSealed(pack))
-        dropped = writer.wait_for(lambda m: len(m) == 2)
-        assert {r.dead_reason for m in dropped for r in m.pack.records} == {"overflow_dropped"}
-        assert kept not in {m.pack.pack_id for m in dropped}
+        ledger.connect(buffer)
+        reports = ledger.wait_for(lambda m: sum(len(r.dead) for r in _reports(m)) == 20)
+        dead = [entry for r in _reports(reports) for entry in r.dead]
+        assert {reason for _, reason in dead} == {"overflow_dropped"}
         assert buffer.proxy().status().get(timeout=5)["dropped_qos0"] == 20
+        assert buffer.proxy().status().get(timeout=5)["tier2_peak_messages"] == 10
         buffer.tell(Demand())
-        (handed,) = outbound.wait_for(lambda m: len(m) == 1)
-        assert handed.pack.pack_id == kept
+        (handed,) = outbound.wait_for(1)
+        assert [handed.pack.records[0].seq, handed.pack.records[-1].seq] == kept
+        assert sorted(seq for seq, _ in dead) == sorted(
+            set(range(1, 31)) - set(range(kept[0], kept[1] + 1))
+        )
     finally:
         buffer.stop()
 
 
 def test_with_persist_qos0_a_full_tier2_keeps_qos0_waiting_in_tier1(tmp_path):
-    writer, outbound = Inbox(), Inbox()
+    outbound = Inbox()
+    ledger = FakeLedger(records_of(30))
     route = (Route(0, "zebra/fx/+/reads", qos=0),)
-    packs = list(packs_of(3, 10))
-    source = FakeInbound([r for p in packs for r in p.records])
     buffer = TierTwoBuffer.start(
-        outbound, writer, source, route, max_messages=10, persist_qos0=True
+        outbound, ledger, route, max_messages=10, persist_qos0=True, pack_size=10
     )
     try:
-        for pack in packs:
-            buffer.tell(PackSealed(pack))
+        ledger.connect(buffer)
+        assert wait_until(lambda: buffer.proxy().status().get(timeout=5)["tier2_messages"] == 10)
         status = buffer.proxy().status().get(timeout=5)
-        assert (status["dropped_qos0"], status["tier1_waiting_packs"]) == (0, 2)
-        for _ in packs:
+        assert (status["dropped_qos0"], len(ledger.log)) == (0, 20)
+        for _ in range(3):
             buffer.tell(Demand())
-        handed = outbound.wait_for(lambda m: len(m) == 3)
-        assert [m.pack.pack_id for m in handed] == [0, 1, 2]
-        assert writer.messages == []
+        handed = outbound.wait_for(3)
+        assert [r.seq for m in handed for r in m.pack.records] == list(range(1, 31))
+        assert not _reports(ledger.messages)
     finally:
         buffer.stop()
 
@@ -652,7 +680,7 @@ def test_a_restart_with_reads_in_tier1_and_in_flight_delivers_each_once_in_order
         first = daemon_factory(env)
         first.wait_for_log(r"source: subscribed", timeout=60)
         result = simulate(source.host, source.port, readers=2, rate=0, count=300, qos=2)
-        first.wait_for_log(r"further packs wait in tier 1", timeout=60)
+        first.wait_for_log(r"the upstream's backlog waits in tier 1", timeout=60)
         first.kill()
         upstream.start()
         second = daemon_factory(env)
@@ -733,21 +761,46 @@ def test_an_upstream_topic_mqtt_cannot_carry_is_dead_lettered_and_the_pack_goes_
     )
     client = ScriptedClient(answer="PUBACK")
     ref, _, writer = outbound_with(client, packs=[Pack(0, records)], target="x/{topic}")
-    (sealed,) = writer.wait_for(1)
-    assert [r.dead_reason for r in sealed.pack.records] == ["invalid_topic", None]
+    (report,) = writer.wait_for(1)
+    assert (report.done, report.dead) == ((2,), ((1, "invalid_topic"),))
     assert [key for _, _, _, key, _ in client.sent] == ["k2"]
     assert ref.is_alive()
 
 
-def test_a_message_the_ledger_marked_dead_is_not_forwarded_and_keeps_its_reason(outbound_with):
-    """The inbound ledger marks a message whose topic was not UTF-8 (`invalid_topic`): it goes
-    on to the table as that dead letter, never upstream."""
+def test_a_message_the_ledger_marked_dead_is_not_forwarded(outbound_with):
+    """The inbound ledger marks a message whose topic was not UTF-8 (`invalid_topic`): it lands
+    in the table as that dead letter, never goes upstream, and is done for the upstream."""
     records = (
         LedgerRecord(1, "k1", "zebra/fx/r\ufffd1/reads", b"x", 1, 0.0, 0, "invalid_topic"),
         LedgerRecord(2, "k2", "zebra/fx/r1/reads", b"y", 1, 0.0, 0),
     )
     client = ScriptedClient(answer="PUBACK")
     _, _, writer = outbound_with(client, packs=[Pack(0, records)])
-    (sealed,) = writer.wait_for(1)
-    assert [r.dead_reason for r in sealed.pack.records] == ["invalid_topic", None]
+    (report,) = writer.wait_for(1)
+    assert (report.done, report.dead) == ((1, 2), ())
     assert [key for _, _, _, key, _ in client.sent] == ["k2"]
+
+
+def test_finished_rows_stay_until_the_ledger_recorded_them_and_are_reported_again_at_start(
+    outbound_with, tmp_path
+):
+    """A kill between the report and the ledger's commit must not forward the message again:
+    its row stays here, and the next start reports it once more."""
+    client = ScriptedClient(answer="PUBACK")
+    ref, _, ledger = outbound_with(client, packs=packs_of(1, 2))
+    (report,) = ledger.wait_for(1)
+    assert report.done == (1, 2)
+    ref.proxy().status().get(timeout=5)
+    with sqlite3.connect(tmp_path / "outbound.sqlite") as db:
+        assert db.execute("SELECT seq, state FROM outbound ORDER BY seq").fetchall() == [
+            (1, "acked"),
+            (2, "acked"),
+        ]
+    ref.stop()
+    again, _, ledger = outbound_with(client, connected=False)
+    (report,) = ledger.wait_for(1)
+    assert (report.done, report.reply_to) == ((1, 2), again)
+    again.tell(ForwardRecorded((1, 2)))
+    again.proxy().status().get(timeout=5)
+    with sqlite3.connect(tmp_path / "outbound.sqlite") as db:
+        assert db.execute("SELECT count(*) FROM outbound").fetchone() == (0,)

@@ -13,24 +13,22 @@ from persistence.replay import (
     write_request,
 )
 from tests.harness.checks import wait_until
-from tests.persistence.test_inbound_ledger import Listener
+from tests.persistence.test_inbound_ledger import listen
 
 TOPIC = "zebra/fx/fx9600-01/reads"
 
 
-def start_ledger(tmp_path):
+def start_ledger(tmp_path, **options):
     ledger = InboundLedger.start(
-        tmp_path / "ledger.sqlite", SimulatedClock(), group_commit_max_delay=0.0
+        tmp_path / "ledger.sqlite", SimulatedClock(), group_commit_max_delay=0.0, **options
     )
-    listener = Listener()
-    ledger.proxy().set_listener(listener).get(timeout=5)
-    return ledger, listener
+    return ledger, listen(ledger)
 
 
 def test_a_request_round_trips_through_its_file(tmp_path):
     messages = [
         ReplayMessage("k1", TOPIC, b"\x00\xffbytes", 2),
-        ReplayMessage("k2", TOPIC, b"{}", 1),
+        ReplayMessage("k2", TOPIC, b"{}", 1, sink="upstream"),
     ]
     path = write_request(tmp_path, messages)
     assert pending_requests(tmp_path) == [path]
@@ -104,6 +102,7 @@ def test_an_unreadable_request_is_moved_aside_not_retried_forever(tmp_path):
         '{"message_key": "k", "topic": "t", "payload": "", "qos": true}',
         '{"message_key": "k", "topic": "t", "payload": "not base64!", "qos": 1}',
         '{"message_key": "k", "topic": "t", "qos": 1}',
+        '{"message_key": "k", "topic": "t", "payload": "", "qos": 1, "sink": "cloud"}',
         "[1, 2",
     ],
 )
@@ -128,5 +127,28 @@ def test_the_ledger_moves_a_request_it_cannot_take_aside_and_keeps_running(tmp_p
         with listener.cond:
             assert listener.cond.wait_for(lambda: listener.records, 5)
         assert wait_until(lambda: not good.exists(), timeout=5)
+    finally:
+        ledger.stop()
+
+
+def test_an_upstream_dead_letter_is_replayed_to_the_upstream_only(tmp_path):
+    """Its reads are in the table already (DESIGN §7.2): the replay must not land them twice."""
+    ledger, table = start_ledger(tmp_path, forward_topic=lambda topic: True)
+    upstream = listen(ledger, "upstream")
+    try:
+        write_request(
+            tmp_path,
+            [
+                ReplayMessage("k1", TOPIC, b"to the cloud", 1, sink="upstream"),
+                ReplayMessage("k2", TOPIC, b"to the table", 1, sink="table"),
+            ],
+        )
+        ledger.tell(TakeReplays(tmp_path))
+        (cloud,) = upstream.wait_for(1)
+        (local,) = table.wait_for(1)
+        assert (cloud.payload, cloud.to_table, cloud.to_upstream) == (b"to the cloud", False, True)
+        assert (local.payload, local.to_table, local.to_upstream) == (b"to the table", True, False)
+        ledger.proxy().stats().get(timeout=5)
+        assert len(table.records) == len(upstream.records) == 1
     finally:
         ledger.stop()

@@ -50,7 +50,7 @@ from tests.harness.checks import wait_until, wait_until_landed
 from tests.harness.daemon import gateway_env
 from tests.harness.faulty_sqlite import DISK_FULL, READ_ONLY
 from tests.harness.inbox import Inbox
-from tests.persistence.test_inbound_ledger import Acks, Listener, publish
+from tests.persistence.test_inbound_ledger import Acks, listen, publish
 
 TOPIC = "zebra/fx/fx9600-01/reads"
 
@@ -124,8 +124,7 @@ def test_a_full_disk_at_commit_acks_nothing_until_space_returns_then_acks_every_
 ):
     caplog.set_level(logging.INFO, logger="persistence.inbound_ledger")
     ledger = start_ledger()
-    listener = Listener()
-    ledger.proxy().set_listener(listener).get(timeout=10)
+    listener = listen(ledger)
     acks = Acks()
     faults.set(DISK_FULL)
     for pid in (1, 2, 3):
@@ -564,8 +563,8 @@ def test_the_outbound_ledger_on_a_full_disk_sends_nothing_unrecorded_and_resumes
         assert outbound_status(ref)["storage_error"] is None
         for _, packet_id, _, _ in sent:
             ref.tell(OutboundAck(1, packet_id, AckType.PUBACK, 0, "Success"))
-        (sealed,) = writer.wait_for(1)
-        assert [r.seq for r in sealed.pack.records] == [1, 2, 3]
+        (report,) = writer.wait_for(1)
+        assert report.done == (1, 2, 3)
     finally:
         ref.stop()
     errors = [r for r in caplog.records if "outbound ledger cannot write" in r.getMessage()]

@@ -9,10 +9,13 @@ import pytest
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
 from actors.connection import Inbound
+from actors.feed import Grant
 from actors.mqtt_client import AckSender, InboundPublish
 from actors.pack import Pack, PackSealed
 from persistence.inbound_ledger import InboundLedger
+from persistence.records import TABLE
 from spark.writer import SparkWriterActor
+from tests.harness.checks import wait_until
 
 PAYLOAD = (
     b'{"data": {"idHex": "e2801160600002054cc2096f", "eventNum": %d}, '
@@ -86,6 +89,7 @@ def stored_pack(ledger, count, topic="zebra/fx/r1/reads"):
 
     collect = Collect()
     ledger.proxy().set_listener(collect).get(timeout=5)
+    ledger.tell(Grant(TABLE, count, 10**9))
     for n in range(count):
         publish = InboundPublish(1, n + 1, 1, False, False, topic, True, PAYLOAD % n, None, 0.0)
         ledger.tell(Inbound(publish, NoAcks()))
@@ -186,9 +190,11 @@ def test_new_packs_wait_behind_a_failed_batch_and_follow_it_in_order(ledger, clo
         writer.stop()
 
 
-def test_a_spark_backlog_past_its_high_mark_pauses_the_source_until_below_the_low(
+def test_the_writer_takes_only_its_credit_and_a_failing_spark_leaves_the_rest_in_the_ledger(
     ledger, clock, tmp_path
 ):
+    """The ledger is the buffer: while a batch fails, the writer grants nothing more, the rows
+    wait in the ledger (not in memory), and the source is acknowledged all the same."""
     tables = ScriptedTables(["fail", "ok"])
     writer = start_writer(
         ledger,
@@ -197,21 +203,26 @@ def test_a_spark_backlog_past_its_high_mark_pauses_the_source_until_below_the_lo
         retry_backoff=Backoff(5.0, 60.0, 0.0),
         backlog_high=4,
         backlog_low=1,
+        backlog_high_bytes=10**6,
     )
+
+    def table_feed():
+        return ledger.proxy().stats().get(timeout=5)["feeds"]["table"]
+
     try:
-        pack = stored_pack(ledger, 6)
-        writer.tell(PackSealed(Pack(1, pack.records[:2])))
+        assert wait_until(lambda: table_feed()["credit_messages"] == 4)
+        pack = stored_pack(ledger, 8)  # its own credit of 8 on top: 8 handed, 4 left
+        writer.tell(PackSealed(Pack(1, pack.records[:4])))
         assert clock.wait_for_timers(1)
         clock.advance(1.0)  # batch 1 fails and waits 5 s for its retry
         tables.wait_calls(1)
-        writer.tell(PackSealed(Pack(2, pack.records[2:4])))
-        writer.tell(PackSealed(Pack(3, pack.records[4:])))
         writer.proxy().failures.get(timeout=5)
-        assert ledger.proxy().stats().get(timeout=5)["paused_by"] == ["writer-backlog"]
-        clock.advance(5.0)  # the retry succeeds, the waiting packs are flushed
-        tables.wait_calls(3)
-        writer.proxy().failures.get(timeout=5)
-        assert ledger.proxy().stats().get(timeout=5)["paused_by"] == []
+        assert table_feed()["credit_messages"] == 4  # nothing more was granted
+        stats = ledger.proxy().stats().get(timeout=5)
+        assert stats["paused_by"] == [] and stats["accepted"] == 8
+        clock.advance(5.0)  # the retry succeeds: its 4 messages' credit comes back
+        tables.wait_calls(2)
+        assert wait_until(lambda: table_feed()["credit_messages"] == 8)
     finally:
         writer.stop()
 

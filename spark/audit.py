@@ -1,0 +1,430 @@
+"""`fxgate audit`: every `eventNum` that never reached the `reads` table, per reader and range.
+
+Loss before the gateway leaves no trace in it — a broker that dropped past `max_queued_messages`
+(mosquitto says so once, in its log, and the publisher still saw success), a QoS 0 hop, a reader
+that buffered past its retention (DESIGN §3.8). What does leave a trace is the reader's own event
+counter: every FX9600 tag data event carries `eventNum`, one up per event, so a number absent
+between two present ones is a read that was made and never landed.
+
+The rules are spark/gaps.py's (DESIGN §7.9); here they run over whole tables, in Spark:
+
+- **Order** per reader: within one tables directory by the ledger `seq` (arrival order at that
+  gateway), then `event_num`; rows of partitions written before `seq` existed (null there) come
+  first, by `received_time`. Over several directories (the gateways of one shared group each
+  land their share in their own) by (`received_time`, directory index, `seq`, `event_num`): no
+  seq spans gateways, and their clocks are the only common order.
+- **Epochs**: each number is compared with the one before it in that order; a drop of more than
+  half starts a new epoch (a counter reset), and gaps are sought within an epoch only.
+- **Missing**: within an epoch, the numbers between two present ones that are absent, as
+  inclusive ranges, one per run.
+- **Duplicates**: a number present more than once in an epoch, with the same content (epc,
+  antenna, event_time, peak_rssi, channel, phase) — a re-sent read — or a **conflict** when the
+  contents differ (two different reads under one number: a reset the rule did not see, or two
+  readers publishing under one reader id).
+- Rows without an eventNum are counted (`without_event_num`) and otherwise not audited.
+
+Only the union of a shared group's tables directories is the reader's whole stream: audited
+alone, each gateway's table has the other gateways' shares as gaps. The work is a few Spark jobs
+(one window sort per reader's rows); what comes back to Python is one row per reader and epoch
+and one per gap, never the reads themselves.
+
+`reader_events` (DESIGN §7.9: a number is present when it is in `reads` or in `reader_events`)
+does not exist yet; `audit_frame` takes any DataFrame of the reads columns, so such rows can be
+unioned in when it does.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from pyspark import StorageLevel
+from pyspark.errors import AnalysisException
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+
+from spark.gaps import range_size
+from spark.location import Location, local_path, spark_uri
+from spark.tables import READS, table_path
+
+log = logging.getLogger(__name__)
+
+# The columns the audit needs; a table lacking one of REQUIRED is not a reads table.
+REQUIRED = {"reader_id": "string", "event_num": "bigint", "received_time": "timestamp"}
+# Absent from older partitions or tables: read as nulls of their type.
+OPTIONAL = {
+    "seq": "bigint",
+    "epc": "string",
+    "antenna": "int",
+    "event_time": "timestamp",
+    "peak_rssi": "double",
+    "channel": "double",
+    "phase": "double",
+}
+# What makes two rows under one event number the same read.
+CONTENT = ("epc", "antenna", "event_time", "peak_rssi", "channel", "phase")
+
+# How many missing ranges a text line shows per reader before "...".
+SHOWN_RANGES = 5
+
+_DIR = "_dir"
+_EPOCH = "_epoch"
+_PREVIOUS = "_previous"
+# Exact for any int64 event number: Spark runs in ANSI mode, where long arithmetic that
+# overflows raises instead of wrapping.
+_WIDE = "decimal(21,0)"
+
+
+class AuditError(Exception):
+    """The audit could not be made (exit status 2): no such directory, no reads table."""
+
+
+@dataclass(frozen=True)
+class EpochReport:
+    """One run of a reader's counter between two resets."""
+
+    epoch: int
+    first_event_num: int
+    last_event_num: int
+    received: int  # rows
+    distinct: int  # distinct event numbers
+    missing: tuple[tuple[int, int], ...]
+    duplicates: int
+    conflicts: int
+    started: datetime  # received_time of the epoch's earliest row
+
+    @property
+    def missing_count(self) -> int:
+        return sum(range_size(first, last) for first, last in self.missing)
+
+    def to_json(self) -> dict:
+        return {
+            "epoch": self.epoch,
+            "first_event_num": self.first_event_num,
+            "last_event_num": self.last_event_num,
+            "received": self.received,
+            "distinct": self.distinct,
+            "missing": [[first, last] for first, last in self.missing],
+            "missing_count": self.missing_count,
+            "duplicates": self.duplicates,
+            "conflicts": self.conflicts,
+            "started": self.started.isoformat().replace("+00:00", "Z"),
+        }
+
+
+@dataclass(frozen=True)
+class ReaderReport:
+    reader_id: str
+    received: int  # rows with an eventNum
+    without_event_num: int
+    epochs: tuple[EpochReport, ...] = ()
+
+    @property
+    def missing(self) -> tuple[tuple[int, int], ...]:
+        return tuple(r for epoch in self.epochs for r in epoch.missing)
+
+    @property
+    def missing_count(self) -> int:
+        return sum(epoch.missing_count for epoch in self.epochs)
+
+    @property
+    def resets(self) -> int:
+        return max(len(self.epochs) - 1, 0)
+
+    @property
+    def duplicates(self) -> int:
+        return sum(epoch.duplicates for epoch in self.epochs)
+
+    @property
+    def conflicts(self) -> int:
+        return sum(epoch.conflicts for epoch in self.epochs)
+
+    @property
+    def first_event_num(self) -> int | None:
+        """The lowest number of the first epoch (where the audited stream starts)."""
+        return self.epochs[0].first_event_num if self.epochs else None
+
+    @property
+    def last_event_num(self) -> int | None:
+        """The highest number of the last epoch (where the counter stands)."""
+        return self.epochs[-1].last_event_num if self.epochs else None
+
+    def to_json(self) -> dict:
+        return {
+            "received": self.received,
+            "missing": [[first, last] for first, last in self.missing],
+            "resets": self.resets,
+            "missing_count": self.missing_count,
+            "duplicates": self.duplicates,
+            "conflicts": self.conflicts,
+            "without_event_num": self.without_event_num,
+            "first_event_num": self.first_event_num,
+            "last_event_num": self.last_event_num,
+            "epochs": [epoch.to_json() for epoch in self.epochs],
+        }
+
+    def line(self, shown: int = SHOWN_RANGES) -> str:
+        missing = self.missing
+        ranges = ", ".join(_range_text(r) for r in missing[:shown])
+        if len(missing) > shown:
+            ranges += f", ... ({len(missing) - shown} more)"
+        numbers = (
+            f"eventNum {self.first_event_num}..{self.last_event_num}"
+            if self.epochs
+            else "no eventNum"
+        )
+        return (
+            f"{self.reader_id}: {self.received} received, {self.missing_count} missing"
+            + (f" in {len(missing)} range(s) ({ranges})" if missing else "")
+            + f", {self.resets} reset(s), {self.duplicates} duplicate(s), "
+            f"{self.conflicts} conflict(s), {self.without_event_num} without eventNum; {numbers}"
+        )
+
+
+@dataclass(frozen=True)
+class AuditReport:
+    tables: tuple[str, ...]
+    readers: dict[str, ReaderReport] = field(default_factory=dict)
+
+    @property
+    def complete(self) -> bool:
+        """Nothing missing (duplicates and conflicts are reported, not counted as loss)."""
+        return all(reader.missing_count == 0 for reader in self.readers.values())
+
+    def to_json(self) -> dict:
+        return {
+            "readers": {name: self.readers[name].to_json() for name in sorted(self.readers)},
+            "complete": self.complete,
+            "tables": list(self.tables),
+        }
+
+    def lines(self, shown: int = SHOWN_RANGES) -> list[str]:
+        out = [self.readers[name].line(shown) for name in sorted(self.readers)]
+        readers = self.readers.values()
+        missing = sum(r.missing_count for r in readers)
+        ranges = sum(len(r.missing) for r in readers)
+        verdict = "complete" if self.complete else "INCOMPLETE"
+        out.append(
+            f"{verdict}: {len(self.readers)} reader(s), {missing} eventNum missing in "
+            f"{ranges} range(s), {sum(r.resets for r in readers)} reset(s), "
+            f"{sum(r.duplicates for r in readers)} duplicate(s), "
+            f"{sum(r.conflicts for r in readers)} conflict(s), "
+            f"{sum(r.without_event_num for r in readers)} without eventNum "
+            f"(tables: {', '.join(self.tables)})"
+        )
+        return out
+
+
+def _range_text(missing: tuple[int, int]) -> str:
+    first, last = missing
+    return str(first) if first == last else f"{first}-{last}"
+
+
+def check_tables_dir(tables_dir: Location) -> None:
+    """Raise AuditError unless `tables_dir` is a readable directory holding a `reads` directory.
+
+    Checked before any JVM starts, so a wrong path fails in a moment. Only local directories are
+    checked here; for a remote one (hdfs://, s3a://) Spark says it when it reads.
+    """
+    local = local_path(tables_dir)
+    if local is None:
+        return
+    _check_directory(local, f"tables directory {local}")
+    _check_directory(local / READS, f"{local} holds no reads table: {local / READS}")
+    try:
+        os.listdir(local / READS)
+    except OSError as error:
+        raise AuditError(f"cannot read {local / READS}: {error.strerror}") from None
+
+
+def _check_directory(path, what: str) -> None:
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        raise AuditError(f"{what} does not exist") from None
+    except OSError as error:
+        raise AuditError(f"cannot read {path}: {error.strerror}") from None
+    if not stat.S_ISDIR(mode):
+        raise AuditError(f"{what} is not a directory")
+
+
+def read_reads(session: SparkSession, tables_dir: Location) -> DataFrame | None:
+    """The reads table of `tables_dir` with the audit's columns, or None when the table exists
+    but holds no data yet; AuditError when there is no reads table there or it lacks a column
+    the audit needs."""
+    check_tables_dir(tables_dir)
+    path = table_path(spark_uri(tables_dir), READS)
+    try:
+        # Schema changes are additive (DESIGN §7.7): seq is null in older files, not absent.
+        df = session.read.option("mergeSchema", "true").parquet(path)
+    except AnalysisException as error:
+        condition = error.getCondition()
+        if condition == "UNABLE_TO_INFER_SCHEMA":  # the directory is there, no data file yet
+            return None
+        if condition == "PATH_NOT_FOUND":
+            raise AuditError(f"no reads table at {path}") from None
+        raise
+    lacking = sorted(set(REQUIRED) - set(df.columns))
+    if lacking:
+        raise AuditError(f"{path} is not a reads table: no column {', '.join(lacking)}")
+    columns = {name: F.col(name).cast(kind) for name, kind in REQUIRED.items()}
+    for name, kind in OPTIONAL.items():
+        columns[name] = (F.col(name) if name in df.columns else F.lit(None)).cast(kind)
+    return df.select(*(column.alias(name) for name, column in columns.items()))
+
+
+def audit_tables(session: SparkSession, tables_dirs: Sequence[Location]) -> AuditReport:
+    """Audit the union of the reads tables of `tables_dirs` (one gateway's, or every gateway's
+    of one shared group). Raises AuditError when a directory holds no reads table."""
+    if not tables_dirs:
+        raise ValueError("no tables directory to audit")
+    frames = []
+    for index, tables_dir in enumerate(tables_dirs):
+        df = read_reads(session, tables_dir)
+        if df is not None:
+            frames.append(df.withColumn(_DIR, F.lit(index)))
+    names = tuple(str(tables_dir) for tables_dir in tables_dirs)
+    if not frames:
+        return AuditReport(names)
+    union = frames[0]
+    for df in frames[1:]:
+        union = union.unionByName(df)
+    return audit_frame(union, names, several=len(tables_dirs) > 1)
+
+
+def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) -> AuditReport:
+    """Audit `reads` (the REQUIRED and OPTIONAL columns; with `several`, also `_dir`, the index
+    of the tables directory each row came from)."""
+    started = time.perf_counter()
+    reads = reads.withColumn("reader_id", F.coalesce(F.col("reader_id"), F.lit("")))
+    counts = {
+        row["reader_id"]: (row["received"], row["without"])
+        for row in reads.groupBy("reader_id")
+        .agg(
+            F.count("event_num").alias("received"),
+            _count_where(F.col("event_num").isNull()).alias("without"),
+        )
+        .collect()
+    }
+
+    arrival = Window.partitionBy("reader_id").orderBy(*_arrival_order(several))
+    numbered = (
+        reads.where(F.col("event_num").isNotNull())
+        .withColumn(_PREVIOUS, F.lag("event_num").over(arrival))
+        .withColumn(
+            _EPOCH,
+            F.sum(F.when(_is_reset(F.col(_PREVIOUS), F.col("event_num")), 1).otherwise(0)).over(
+                arrival.rowsBetween(Window.unboundedPreceding, Window.currentRow)
+            ),
+        )
+    )
+    per_number = (
+        numbered.groupBy("reader_id", _EPOCH, "event_num")
+        .agg(
+            F.count(F.lit(1)).alias("rows"),
+            F.count_distinct(F.struct(*CONTENT)).alias("variants"),
+            F.min("received_time").alias("first_received"),
+        )
+        .persist(StorageLevel.MEMORY_AND_DISK)
+    )
+    repeated = F.col("rows") > 1
+    try:
+        epoch_rows = (
+            per_number.groupBy("reader_id", _EPOCH)
+            .agg(
+                F.min("event_num").alias("first"),
+                F.max("event_num").alias("last"),
+                F.sum("rows").alias("received"),
+                F.count(F.lit(1)).alias("distinct"),
+                _count_where(repeated & (F.col("variants") == 1)).alias("duplicates"),
+                _count_where(repeated & (F.col("variants") > 1)).alias("conflicts"),
+                F.unix_micros(F.min("first_received")).alias("started"),
+            )
+            .collect()
+        )
+        ascending = Window.partitionBy("reader_id", _EPOCH).orderBy("event_num")
+        gap_rows = (
+            per_number.select(
+                "reader_id",
+                _EPOCH,
+                "event_num",
+                F.lag("event_num").over(ascending).alias(_PREVIOUS),
+            )
+            .where(F.col("event_num").cast(_WIDE) - F.col(_PREVIOUS).cast(_WIDE) > F.lit(1))
+            .collect()
+        )
+    finally:
+        per_number.unpersist()
+
+    gaps: dict[tuple[str, int], list[tuple[int, int]]] = {}
+    for row in gap_rows:
+        gaps.setdefault((row["reader_id"], row[_EPOCH]), []).append(
+            (row[_PREVIOUS] + 1, row["event_num"] - 1)
+        )
+    epochs: dict[str, list[EpochReport]] = {}
+    for row in epoch_rows:
+        key = (row["reader_id"], row[_EPOCH])
+        epochs.setdefault(row["reader_id"], []).append(
+            EpochReport(
+                epoch=row[_EPOCH],
+                first_event_num=row["first"],
+                last_event_num=row["last"],
+                received=row["received"],
+                distinct=row["distinct"],
+                missing=tuple(sorted(gaps.get(key, ()))),
+                duplicates=row["duplicates"],
+                conflicts=row["conflicts"],
+                started=datetime.fromtimestamp(row["started"] / 1_000_000, UTC),
+            )
+        )
+    readers = {
+        reader: ReaderReport(
+            reader_id=reader,
+            received=received,
+            without_event_num=without,
+            epochs=tuple(sorted(epochs.get(reader, ()), key=lambda e: e.epoch)),
+        )
+        for reader, (received, without) in counts.items()
+    }
+    report = AuditReport(tuple(tables), readers)
+    log.info(
+        "Audit of %s: %d reader(s), %d eventNum missing, %d reset(s), in %.1f s",
+        ", ".join(tables),
+        len(readers),
+        sum(r.missing_count for r in readers.values()),
+        sum(r.resets for r in readers.values()),
+        time.perf_counter() - started,
+    )
+    return report
+
+
+def _arrival_order(several: bool) -> list[Column]:
+    """The order a reader's events arrived in (see the module docstring)."""
+    if several:
+        return [
+            F.col("received_time").asc_nulls_first(),
+            F.col(_DIR).asc(),
+            F.col("seq").asc_nulls_first(),
+            F.col("event_num").asc(),
+        ]
+    return [
+        # Partitions written before `seq` existed hold the older rows.
+        F.col("seq").isNotNull().asc(),
+        F.col("seq").asc(),
+        F.col("received_time").asc_nulls_first(),
+        F.col("event_num").asc(),
+    ]
+
+
+def _count_where(condition: Column) -> Column:
+    return F.sum(F.when(condition, 1).otherwise(0))
+
+
+def _is_reset(previous: Column, new: Column) -> Column:
+    """spark.gaps.is_reset as a Spark expression (`2 * new < previous`, computed wide)."""
+    return previous.isNotNull() & (new.cast(_WIDE) * F.lit(2) < previous.cast(_WIDE))
