@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 import pykka
 
+from actors.clock import Clock
 from actors.feed import Grant
 from actors.pack import Pack, PackSealed
 from actors.routes import Route, route_for
@@ -34,6 +35,8 @@ from persistence.records import UPSTREAM, LedgerRecord
 log = logging.getLogger(__name__)
 
 OVERFLOW_DROPPED = "overflow_dropped"
+# Tier 2 filling up is said once, then at most once per this many seconds (on the clock).
+FULL_LOG_SECONDS = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +57,7 @@ class TierTwoBuffer(pykka.ThreadingActor):
         overflow: str = "drop_oldest",
         persist_qos0: bool = False,
         pack_size: int = 200,
+        clock: Clock | None = None,
     ) -> None:
         super().__init__()
         self._outbound = outbound
@@ -73,7 +77,9 @@ class TierTwoBuffer(pykka.ThreadingActor):
         self._granted_bytes = 0
         self._demand = 0
         self._next_pack_id = 1
-        self._full_logged = False
+        self._clock = clock
+        self._full_logged_at: float | None = None
+        self._fills = 0
         self.dropped_qos0 = 0
         self.peak_messages = 0
 
@@ -123,9 +129,7 @@ class TierTwoBuffer(pykka.ThreadingActor):
             pack_id, self._next_pack_id = self._next_pack_id, self._next_pack_id + 1
             self._demand -= 1
             self._outbound.tell(PackSealed(Pack(pack_id, tuple(records))))
-        if self._full_logged and self._fill() <= self._low:
-            self._full_logged = False
-            log.info("tier-2 buffer down to %.0f%%: taking from tier 1 again", 100 * self._fill())
+
 
     def _account(self, record: LedgerRecord, sign: int) -> None:
         self._messages += sign
@@ -139,23 +143,36 @@ class TierTwoBuffer(pykka.ThreadingActor):
         ledger each). At a full cap, QoS 0 that may be dropped is still taken (see module)."""
         room_messages = self._max_messages - self._messages - max(self._granted_messages, 0)
         room_bytes = self._max_bytes - self._bytes - max(self._granted_bytes, 0)
-        if room_messages <= 0 or room_bytes <= 0:
-            if not self._full_logged:
-                self._full_logged = True
-                log.warning(
-                    "tier-2 buffer full (%d messages, %d bytes): the upstream's backlog waits "
-                    "in tier 1 (the ledger)",
-                    self._messages,
-                    self._bytes,
-                )
+        if self._messages >= self._max_messages or self._bytes >= self._max_bytes:
+            self._note_full()
             self._grant_overflow()
             return
+        if room_messages <= 0 or room_bytes <= 0:
+            return  # what fits is promised already
         waiting = self._granted_messages > 0
         if waiting and self._fill(room_messages, room_bytes) > self._low:
             return  # enough credit is out already
         self._granted_messages += room_messages
         self._granted_bytes += room_bytes
         self._ledger.tell(Grant(UPSTREAM, room_messages, room_bytes))
+
+    def _note_full(self) -> None:
+        """A line when tier 2 fills, then at most one a minute: while a backlog drains it fills
+        again at every pack, which is how it should work, not news."""
+        self._fills += 1
+        now = None if self._clock is None else self._clock.monotonic()
+        if self._full_logged_at is not None and (
+            now is None or now - self._full_logged_at < FULL_LOG_SECONDS
+        ):
+            return
+        self._full_logged_at = now if now is not None else 0.0
+        log.warning(
+            "tier-2 buffer full (%d messages, %d bytes; %d time(s) so far): the upstream's "
+            "backlog waits in tier 1 (the ledger)",
+            self._messages,
+            self._bytes,
+            self._fills,
+        )
 
     def _grant_overflow(self) -> None:
         """At a full cap: credit for as many messages as the droppable ones held could make
@@ -209,4 +226,5 @@ class TierTwoBuffer(pykka.ThreadingActor):
             "tier2_peak_messages": self.peak_messages,
             "credit_out": max(self._granted_messages, 0),
             "dropped_qos0": self.dropped_qos0,
+            "fills": self._fills,
         }

@@ -176,7 +176,10 @@ def dead_letters_replay(
         return
     request = write_request(
         config.gateway.data_path,
-        [ReplayMessage(d.message_key, d.topic, d.payload, d.qos) for d in reversed(chosen)],
+        [
+            ReplayMessage(d.message_key, d.topic, d.payload, d.qos, d.sink)
+            for d in reversed(chosen)
+        ],
     )
     if request is None:
         click.echo("nothing to replay")
@@ -224,8 +227,8 @@ def report(config_path: Path | None, manifest: Path) -> None:
     "--tables",
     "tables_dirs",
     multiple=True,
-    help="a tables directory (path or URI) to audit, repeatable: give every gateway's of one "
-    "shared group; without it, the config's tables directory",
+    help="a tables directory (path or URI) to audit; repeat it to audit the gateways of one "
+    "shared group together. Default: the config's tables directory",
 )
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool) -> None:

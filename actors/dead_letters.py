@@ -37,6 +37,9 @@ class DeadLetter:
     batch_id: int | None
     payload: bytes | None
     qos: int = 1
+    # The sink it is a dead letter for: `table` (null in partitions older than the column) or
+    # `upstream` (forwarding gave up; its reads are in `reads`). A replay goes to that sink only.
+    sink: str = "table"
 
     def preview(self) -> str:
         if self.payload is None:
@@ -62,6 +65,7 @@ def load_dead_letters(tables_dir: Path, reason: str | None = None) -> list[DeadL
             row.get("batch_id"),
             row.get("payload"),
             row.get("qos") or 1,
+            row.get("sink") or "table",
         )
         for row in table.to_pylist()
         if reason is None or row["reason"] == reason
@@ -78,7 +82,8 @@ def format_dead_letters(letters: list[DeadLetter], limit: int) -> str:
     for letter in letters[:limit]:
         when = letter.received_time.isoformat() if letter.received_time else "-"
         lines.append(
-            f"{when}  {shown(letter.reason)}  {shown(letter.topic)}  key {letter.message_key}  "
+            f"{when}  {shown(letter.reason)} ({letter.sink})  {shown(letter.topic)}  "
+            f"key {letter.message_key}  "
             f"batch {letter.batch_id}  {shown(letter.detail)}".rstrip()
         )
         lines.append(f"    payload {letter.preview()}")
@@ -96,6 +101,7 @@ def dead_letters_json(letters: list[DeadLetter], limit: int) -> dict:
                 "message_key": d.message_key,
                 "topic": d.topic,
                 "reason": d.reason,
+                "sink": d.sink,
                 "detail": d.detail,
                 "received_time": d.received_time.isoformat() if d.received_time else None,
                 "batch_id": d.batch_id,

@@ -216,6 +216,7 @@ class StatusCollector:
         yield from _ledger(snapshot)
         yield from _forwarding(snapshot)
         yield from _landing(snapshot)
+        yield from _readers(snapshot)
         yield _counter(
             "fxgate_actor_restarts",
             "Restarts of the actor set after an actor crashed.",
@@ -464,6 +465,47 @@ def _landing(snapshot: dict) -> Iterator[Metric]:
             last.get("seconds", 0.0),
         )
         yield _gauge("fxgate_last_batch_rows", "Rows in the last Spark batch.", last.get("rows", 0))
+
+
+def _readers(snapshot: dict) -> Iterator[Metric]:
+    """Each reader's eventNum counters, from what reached this gateway's table (spark.gaps).
+    Within a shared group each gateway sees only its share: `fxgate audit` over the union of
+    the group's tables is the authority (README, "Finding lost reads")."""
+    readers = snapshot.get("readers") or {}
+    if not readers:
+        return
+    families = {
+        "missing": CounterMetricFamily(
+            "fxgate_reader_missing_events",
+            "eventNum values this gateway's intake skipped (lost before the gateway).",
+            labels=["reader"],
+        ),
+        "received": CounterMetricFamily(
+            "fxgate_reader_events",
+            "Tag events with an eventNum that reached this gateway's table.",
+            labels=["reader"],
+        ),
+        "resets": CounterMetricFamily(
+            "fxgate_reader_counter_resets",
+            "Times the reader's eventNum started again (a reboot, not a gap).",
+            labels=["reader"],
+        ),
+        "without_event_num": CounterMetricFamily(
+            "fxgate_reader_events_without_event_num",
+            "Tag events without an eventNum (counted, not audited).",
+            labels=["reader"],
+        ),
+    }
+    last = GaugeMetricFamily(
+        "fxgate_reader_last_event_num", "The reader's highest eventNum so far.", labels=["reader"]
+    )
+    for reader_id, counts in sorted(readers.items()):
+        for key, family in families.items():
+            family.add_metric([reader_id], counts.get(key) or 0)
+        if counts.get("last_event_num") is not None:
+            last.add_metric([reader_id], counts["last_event_num"])
+    yield from families.values()
+    yield last
 
 
 def build_registry(board: StatusBoard) -> CollectorRegistry:

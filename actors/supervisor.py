@@ -32,6 +32,7 @@ from persistence.disk_budget import DiskBudget
 from persistence.inbound_ledger import InboundLedger, TakeReplays
 from persistence.outbound_ledger import OutboundLedger
 from persistence.permissions import private_directory
+from persistence.records import ReaderCount
 from persistence.replay import pending_requests
 from spark.writer import BatchWritten, ReplayBatch, SparkWriterActor, WriterHealth
 
@@ -126,9 +127,19 @@ def spark_session_factory(config: Config):
 
 
 class Supervisor:
-    def __init__(self, config: Config, clock: Clock, *, session_factory=None, session_closer=None):
+    def __init__(
+        self,
+        config: Config,
+        clock: Clock,
+        *,
+        session_factory=None,
+        session_closer=None,
+        writer_options: dict | None = None,
+    ):
         self.config = config
         self.clock = clock
+        # Extra keyword arguments of the SparkWriterActor (tests inject a failing table writer).
+        self._writer_options = writer_options or {}
         self._session_factory = session_factory or spark_session_factory(config)
         if session_closer is None and session_factory is None:
             from spark.session import stop_session
@@ -145,6 +156,8 @@ class Supervisor:
         self.events_written = 0
         self.batch_written = threading.Condition(self._batch_lock)
         self.writer_health: WriterHealth | None = None  # latest, from the writer's thread
+        # Each reader's event-number counters (this gateway's intake), as of the last batch.
+        self.readers: dict[str, ReaderCount] = {}
 
     # -- start / stop -----------------------------------------------------------------------
 
@@ -202,6 +215,8 @@ class Supervisor:
                 clients.append(upstream_settings(cfg))
             lifecycle.tell(ClientsConfigured(tuple(client_info(s) for s in clients)))
             recovery = ledger.proxy().recovery().get(timeout=ASK_TIMEOUT)
+            with self._batch_lock:
+                self.readers = dict(recovery.readers)
             tables = cfg.spark.tables_path(cfg.gateway.data_path)
             if isinstance(tables, Path):  # a local directory; a URI's storage is the cluster's
                 private_directory(tables)
@@ -226,6 +241,8 @@ class Supervisor:
                 on_health=self._on_writer_health,
                 max_payload_bytes=cfg.spark.max_payload_bytes,
                 max_reads_per_message=cfg.spark.max_reads_per_message,
+                readers=dict(recovery.readers),
+                **self._writer_options,
             )
             pack = self._start(
                 "packs",
@@ -294,6 +311,7 @@ class Supervisor:
             overflow=cfg.buffer.overflow,
             persist_qos0=cfg.buffer.persist_qos0,
             pack_size=cfg.packs.max_messages,
+            clock=self.clock,
         )
         outbound.proxy().set_buffer(buffer).get(timeout=ASK_TIMEOUT)
         ledger.proxy().set_forwarder(buffer).get(timeout=ASK_TIMEOUT)
@@ -373,6 +391,7 @@ class Supervisor:
             self.rows_written += batch.rows
             self.dead_letters_written += batch.dead_letters
             self.events_written += batch.events
+            self.readers.update((r.reader_id, r) for r in batch.readers)
             self.batch_written.notify_all()
 
     def wait_for_landed(
@@ -411,6 +430,16 @@ class Supervisor:
             out["intake"] = asdict(self.intake.stats())
         with self._batch_lock:
             out["batches_written"] = self.batches_written
+            out["readers"] = {
+                reader_id: {
+                    "received": c.received,
+                    "missing": c.missing,
+                    "resets": c.resets,
+                    "without_event_num": c.without_event_num,
+                    "last_event_num": c.last_event_num,
+                }
+                for reader_id, c in sorted(self.readers.items())
+            }
             out["last_batch"] = asdict(self.last_batch) if self.last_batch else None
             if self.writer_health is not None:
                 out["spark"] = asdict(self.writer_health)

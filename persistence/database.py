@@ -132,6 +132,7 @@ counters = Table(
 )
 
 SYNCHRONOUS = {"process": "NORMAL", "power": "FULL"}
+WAL_SIZE_LIMIT = 16 * 1024 * 1024
 
 # Each SQLite file records the version of its schema in `PRAGMA user_version` (DESIGN §7.11). A
 # file of an older version is migrated in place at start, in one transaction; one of a newer
@@ -184,6 +185,8 @@ def check_versions(data_dir: Path) -> None:
         db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
         try:
             version = db.execute("PRAGMA user_version").fetchone()[0]
+        except sqlite3.DatabaseError:
+            continue  # not readable as a database: the opener's corruption check deals with it
         finally:
             db.close()
         if version > known:
@@ -291,6 +294,9 @@ def open_engine(path: Path, durability: str = "process", readonly: bool = False)
         cursor = dbapi_connection.cursor()
         if not readonly:
             cursor.execute("PRAGMA journal_mode=WAL")
+            # A checkpoint leaves the WAL file at its largest size unless told otherwise; cut
+            # back to this, the file's growth is its pages (what the disk budget counts).
+            cursor.execute(f"PRAGMA journal_size_limit={WAL_SIZE_LIMIT}")
         cursor.execute(f"PRAGMA synchronous={SYNCHRONOUS[durability]}")
         cursor.execute("PRAGMA busy_timeout=5000")
         cursor.close()

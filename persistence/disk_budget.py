@@ -2,11 +2,11 @@
 
 The ledger is the buffer for an outage of the table or of the upstream (DESIGN §2): it keeps
 acknowledging the source as long as it can store. The budget is the one place where it stops:
-when the ledger's files use `max_bytes`, or their file system has less than `min_free_bytes`
+when the ledger's file uses `max_bytes`, or its file system has less than `min_free_bytes`
 left, the source is paused (its socket is no longer read), and the broker's queue limits decide
-from then on what is lost. Use is measured in SQLite's *used* pages (page_count - freelist_count)
-plus the write-ahead log, so it falls again as the sinks catch up and payloads are deleted,
-without a VACUUM (DESIGN §7.4).
+from then on what is lost. Use is measured in SQLite's *used* pages (page_count -
+freelist_count), so it falls again as the sinks catch up and payloads are deleted, without a
+VACUUM (DESIGN §7.4); the write-ahead log is bounded apart (database.WAL_SIZE_LIMIT).
 
 The decision is a pure function of the two numbers, with some hysteresis: paused at the budget,
 resumed once use is `resume_fraction` of it (and free space is back above the minimum), so a
@@ -61,11 +61,3 @@ def free_bytes(path: Path) -> int:
     """Bytes an unprivileged writer may still use on the file system holding `path`."""
     stats = os.statvfs(path)
     return stats.f_bavail * stats.f_frsize
-
-
-def file_bytes(path: Path) -> int:
-    """Size of a file that may not exist (a -wal that was checkpointed away)."""
-    try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
-        return 0

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
-from persistence.disk_budget import file_bytes, free_bytes
+from persistence.disk_budget import free_bytes
 from persistence.records import TABLE, UPSTREAM, DiskUsage, LedgerRecord, ReaderCount, SinkLag
 
 PACK_COUNTER = "pack_id"
@@ -388,9 +388,10 @@ class LedgerStore:
         return count
 
     def usage(self) -> DiskUsage:
-        """The file's used pages and its write-ahead log, and the free space beside it."""
+        """The file's used pages (those still in the write-ahead log included: the count is the
+        database as this connection sees it), and the free space beside it. The WAL file itself
+        is not counted: it is reused, and cut back to database.WAL_SIZE_LIMIT at checkpoints."""
         (pages,) = self._run("PRAGMA page_count").fetchone()
         (free_pages,) = self._run("PRAGMA freelist_count").fetchone()
         (page_size,) = self._run("PRAGMA page_size").fetchone()
-        wal = file_bytes(self.path.with_name(self.path.name + "-wal"))
-        return DiskUsage((pages - free_pages) * page_size + wal, free_bytes(self.path.parent))
+        return DiskUsage((pages - free_pages) * page_size, free_bytes(self.path.parent))

@@ -77,8 +77,8 @@ class SinkLag:
 
 @dataclass(frozen=True, slots=True)
 class DiskUsage:
-    """The ledger's files against its disk budget: bytes in use (SQLite's used pages, plus the
-    write-ahead log), and what is free on their file system."""
+    """The ledger's file against its disk budget: bytes in use (SQLite's used pages), and what
+    is free on its file system."""
 
     used_bytes: int
     free_bytes: int

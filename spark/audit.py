@@ -8,13 +8,21 @@ between two present ones is a read that was made and never landed.
 
 The rules are spark/gaps.py's (DESIGN §7.9); here they run over whole tables, in Spark:
 
-- **Order** per reader: within one tables directory by the ledger `seq` (arrival order at that
-  gateway), then `event_num`; rows of partitions written before `seq` existed (null there) come
-  first, by `received_time`. Over several directories (the gateways of one shared group each
-  land their share in their own) by (`received_time`, directory index, `seq`, `event_num`): no
-  seq spans gateways, and their clocks are the only common order.
+- **Order** per reader and tables directory: the ledger `seq` (arrival order at that gateway),
+  then `event_num`; rows of partitions written before `seq` existed (null there) come first, by
+  `received_time`.
 - **Epochs**: each number is compared with the one before it in that order; a drop of more than
-  half starts a new epoch (a counter reset), and gaps are sought within an epoch only.
+  half starts a new epoch (a counter reset), and gaps are sought within an epoch only. Over
+  several directories (the gateways of one shared group each land their share in their own)
+  each finds the resets in its own exact order, and the directories' epochs are put on one count
+  by when each gateway first saw the reader (`spark.gaps.epoch_offsets`); the numbers of an
+  epoch are then the union of every directory's. Interleaving the gateways' reads by
+  `received_time` instead, and applying the rule to that, was tried and made false resets: two
+  gateways of one group on one machine took reads 1..100 of a reader published flat out, and one
+  stamped 48 60 ms after the other had stamped 98 (its own latency, not the reader's order):
+  98 then 48 is a drop of more than half, and the audit reported a reset and 33 false gaps. A
+  clock only orders reads as well as its gateway's latency allows, which is poorly for a
+  counter that is still small (after every reader reboot).
 - **Missing**: within an epoch, the numbers between two present ones that are absent, as
   inclusive ranges, one per run.
 - **Duplicates**: a number present more than once in an epoch, with the same content (epc,
@@ -48,7 +56,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
-from spark.gaps import range_size
+from spark.gaps import epoch_offsets, range_size
 from spark.location import Location, local_path, spark_uri
 from spark.tables import READS, table_path
 
@@ -75,6 +83,8 @@ SHOWN_RANGES = 5
 _DIR = "_dir"
 _EPOCH = "_epoch"
 _PREVIOUS = "_previous"
+_RESET = "_reset"
+_OFFSET = "_offset"
 # Exact for any int64 event number: Spark runs in ANSI mode, where long arithmetic that
 # overflows raises instead of wrapping.
 _WIDE = "decimal(21,0)"
@@ -302,6 +312,8 @@ def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) 
     of the tables directory each row came from)."""
     started = time.perf_counter()
     reads = reads.withColumn("reader_id", F.coalesce(F.col("reader_id"), F.lit("")))
+    if _DIR not in reads.columns:
+        reads = reads.withColumn(_DIR, F.lit(0))
     counts = {
         row["reader_id"]: (row["received"], row["without"])
         for row in reads.groupBy("reader_id")
@@ -312,28 +324,38 @@ def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) 
         .collect()
     }
 
-    arrival = Window.partitionBy("reader_id").orderBy(*_arrival_order(several))
+    # Resets are found in each gateway's own exact order; several gateways' epochs are then
+    # aligned (spark.gaps.epoch_offsets). Interleaving gateways by their clocks instead made
+    # false resets: see the module docstring.
+    arrival = Window.partitionBy("reader_id", _DIR).orderBy(*_arrival_order())
     numbered = (
         reads.where(F.col("event_num").isNotNull())
-        .withColumn(_PREVIOUS, F.lag("event_num").over(arrival))
+        .withColumn(
+            _RESET,
+            F.when(_is_reset(F.lag("event_num").over(arrival), F.col("event_num")), 1).otherwise(0),
+        )
         .withColumn(
             _EPOCH,
-            F.sum(F.when(_is_reset(F.col(_PREVIOUS), F.col("event_num")), 1).otherwise(0)).over(
-                arrival.rowsBetween(Window.unboundedPreceding, Window.currentRow)
-            ),
+            F.sum(_RESET).over(arrival.rowsBetween(Window.unboundedPreceding, Window.currentRow)),
         )
     )
-    per_number = (
-        numbered.groupBy("reader_id", _EPOCH, "event_num")
-        .agg(
-            F.count(F.lit(1)).alias("rows"),
-            F.count_distinct(F.struct(*CONTENT)).alias("variants"),
-            F.min("received_time").alias("first_received"),
-        )
-        .persist(StorageLevel.MEMORY_AND_DISK)
-    )
-    repeated = F.col("rows") > 1
+    cached: list[DataFrame] = []
     try:
+        if several:
+            numbered = numbered.persist(StorageLevel.MEMORY_AND_DISK)
+            cached.append(numbered)
+            numbered = _aligned(numbered)
+        per_number = (
+            numbered.groupBy("reader_id", _EPOCH, "event_num")
+            .agg(
+                F.count(F.lit(1)).alias("rows"),
+                F.count_distinct(F.struct(*CONTENT)).alias("variants"),
+                F.min("received_time").alias("first_received"),
+            )
+            .persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        cached.append(per_number)
+        repeated = F.col("rows") > 1
         epoch_rows = (
             per_number.groupBy("reader_id", _EPOCH)
             .agg(
@@ -359,7 +381,8 @@ def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) 
             .collect()
         )
     finally:
-        per_number.unpersist()
+        for frame in cached:
+            frame.unpersist()
 
     gaps: dict[tuple[str, int], list[tuple[int, int]]] = {}
     for row in gap_rows:
@@ -403,17 +426,47 @@ def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) 
     return report
 
 
-def _arrival_order(several: bool) -> list[Column]:
-    """The order a reader's events arrived in (see the module docstring)."""
-    if several:
-        return [
-            F.col("received_time").asc_nulls_first(),
-            F.col(_DIR).asc(),
-            F.col("seq").asc_nulls_first(),
-            F.col("event_num").asc(),
-        ]
+def _aligned(numbered: DataFrame) -> DataFrame:
+    """`numbered` (rows of several tables directories, each with its own epoch count) with the
+    epochs of every directory on one count: a gateway whose first read of a reader came after
+    another gateway had seen that reader's counter reset starts at that epoch, not at 0."""
+    by_dir = (
+        numbered.groupBy("reader_id", _DIR)
+        .agg(
+            F.unix_micros(F.min("received_time")).alias("first"),
+            F.collect_list(F.when(F.col(_RESET) == 1, F.unix_micros(F.col("received_time")))).alias(
+                "resets"
+            ),
+        )
+        .collect()
+    )
+    starts: dict[str, dict[int, int]] = {}
+    observed: dict[str, dict[int, list[int]]] = {}
+    for row in by_dir:
+        starts.setdefault(row["reader_id"], {})[row[_DIR]] = row["first"]
+        observed.setdefault(row["reader_id"], {})[row[_DIR]] = row["resets"]
+    shifts = [
+        (reader, directory, offset)
+        for reader, first in starts.items()
+        for directory, offset in epoch_offsets(first, observed[reader]).items()
+        if offset
+    ]
+    if not shifts:
+        return numbered
+    offsets = numbered.sparkSession.createDataFrame(
+        shifts, f"reader_id string, {_DIR} int, {_OFFSET} int"
+    )
+    return (
+        numbered.join(F.broadcast(offsets), ["reader_id", _DIR], "left")
+        .withColumn(_EPOCH, F.col(_EPOCH) + F.coalesce(F.col(_OFFSET), F.lit(0)))
+        .drop(_OFFSET)
+    )
+
+
+def _arrival_order() -> list[Column]:
+    """The order of one reader's reads within one tables directory: the ledger's arrival order.
+    Partitions written before `seq` existed (null there) hold the older rows, in receive order."""
     return [
-        # Partitions written before `seq` existed hold the older rows.
         F.col("seq").isNotNull().asc(),
         F.col("seq").asc(),
         F.col("received_time").asc_nulls_first(),

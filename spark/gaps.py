@@ -13,6 +13,8 @@ The rules, in one place (DESIGN §7.9):
   before an epoch's first are not missing, since where a counter started is not known.
 - **missing**: within an epoch, every number between two present numbers that is not present,
   reported as inclusive ranges (`missing_ranges`).
+- **several gateways** (one shared group): each finds the resets in its own share, in its exact
+  arrival order; `epoch_offsets` puts their epoch counts on one.
 
 `spark.audit` applies these to a whole table with Spark (and is the authority); `ReaderCounter`
 applies them live, one event at a time, for a running figure the daemon can keep and persist.
@@ -25,6 +27,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import pairwise
+from typing import TypeVar
+
+Gateway = TypeVar("Gateway")
 
 
 def is_reset(previous: int, new: int) -> bool:
@@ -62,6 +67,39 @@ def split_epochs(numbers: Iterable[int]) -> list[list[int]]:
     return epochs
 
 
+def epoch_offsets(
+    first_seen: Mapping[Gateway, int], resets_seen: Mapping[Gateway, Sequence[int]]
+) -> dict[Gateway, int]:
+    """How many resets of one reader's counter happened before each gateway's first read of it:
+    the number to add to that gateway's own epoch count to put it on the reader's count.
+
+    Each gateway of a shared group sees a share of the reader's stream in its exact arrival
+    order (the ledger seq), and so finds each reset exactly; what it cannot know is how many
+    resets came before its first read. `first_seen` maps each gateway (any key) to the time of
+    its first read of the reader, `resets_seen` to the times of the resets it found (same
+    units). A gateway's offset is the most resets any gateway that started before it had seen,
+    on the reader's count, by then. Only the times of these few moments are compared across
+    gateways, never the order of every read (gateway clocks and latencies differ).
+
+    What it cannot tell apart: a gateway whose very first reads of the reader came late across
+    a reset (old numbers stamped after another gateway's first new one), and a gateway that got
+    no read at all during a whole epoch (it finds one reset where there were two). Both mix two
+    epochs of one reader, which the audit then shows as conflicts and false gaps.
+    """
+    offsets: dict[Gateway, int] = {}
+    for gateway in sorted(first_seen, key=lambda g: (first_seen[g], g)):
+        start = first_seen[gateway]
+        offsets[gateway] = max(
+            (
+                offsets[earlier]
+                + sum(1 for moment in resets_seen.get(earlier, ()) if moment < start)
+                for earlier in offsets
+            ),
+            default=0,
+        )
+    return offsets
+
+
 def range_size(first: int, last: int) -> int:
     return last - first + 1
 
@@ -72,7 +110,9 @@ class ReaderCounter:
 
     - `received`: events with an eventNum; `without_event_num`: events without one (counted,
       never checked: there is nothing to check them by).
-    - `resets`: how often the counter started again (`is_reset` against `last_event_num`).
+    - `resets`: how often the counter started again (`is_reset` against `last_event_num`, the
+      highest number so far: a late arrival does not move it, where the audit compares with the
+      number just before; for events arriving in order the two agree).
     - `missing`: numbers skipped forward — an event `n` after `last_event_num` = `m` (not a
       reset) adds `n - m - 1` when `n > m + 1`.
     - `last_event_num`: the highest number of the current epoch (None before the first).

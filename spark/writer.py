@@ -42,7 +42,7 @@ from actors.crashpoints import crash_point, crash_soon
 from actors.feed import Grant
 from actors.pack import Pack, PackSealed
 from persistence.keys import READ_KEYS
-from persistence.records import TABLE, LedgerRecord
+from persistence.records import TABLE, LedgerRecord, ReaderCount
 from persistence.storage_faults import StorageUnavailable
 from spark.location import local_path
 
@@ -101,6 +101,8 @@ class BatchWritten:
     dead_letters: int
     seconds: float
     events: int = 0  # life-cycle events landed in the `events` table
+    # The event-number counters of the readers this batch had reads of, after it (spark.gaps).
+    readers: tuple[ReaderCount, ...] = ()
 
 
 class SparkWriterActor(pykka.ThreadingActor):
@@ -127,8 +129,13 @@ class SparkWriterActor(pykka.ThreadingActor):
         on_health: Callable[[WriterHealth], None] | None = None,
         max_payload_bytes: int = 1024 * 1024,
         max_reads_per_message: int = 10_000,
+        readers: dict[str, ReaderCount] | None = None,
     ) -> None:
         super().__init__()
+        # Each reader's event-number counters as committed with the last batch (spark.gaps): a
+        # batch counts its reads on a copy, committed with the batch, so a replay never counts
+        # twice. Seeded from the ledger at start (the recovery).
+        self._readers: dict[str, ReaderCount] = dict(readers or {})
         self._ledger = ledger
         self._clock = clock
         self._tables_dir = tables_dir
@@ -339,8 +346,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         crash_point("after_spark_job_before_mark")
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
         events = written.get(EVENTS, 0)
+        readers = self._count_readers(reads)
         try:
-            self._ledger.commit_batch(batch_id, rows, dead).get()
+            self._ledger.commit_batch(batch_id, rows, dead, readers).get()
         except StorageUnavailable as error:
             # The files are written but not recorded: the retry overwrites the same partitions.
             self._schedule_retry(batch, error)
@@ -364,9 +372,16 @@ class SparkWriterActor(pykka.ThreadingActor):
                     last_failure_time=self._health.last_failure_time,
                 )
             )
+        self._readers.update(readers)
         self._retry_backoff.reset()
         result = BatchWritten(
-            batch_id, len(records), rows, dead, self._clock.monotonic() - started, events
+            batch_id,
+            len(records),
+            rows,
+            dead,
+            self._clock.monotonic() - started,
+            events,
+            tuple(readers.values()),
         )
         self.last_batch = result
         log.info(
@@ -379,6 +394,42 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
         if self._on_batch is not None:
             self._on_batch(result)
+
+    def _count_readers(self, reads: pa.Table) -> dict[str, ReaderCount]:
+        """The counters of the readers in `reads` after its events, in arrival order (the
+        table's row order is the ledger's seq order, then each message's order)."""
+        from spark.gaps import ReaderCounter
+
+        counters: dict[str, ReaderCounter] = {}
+        reader_ids = reads.column("reader_id").to_pylist()
+        event_nums = reads.column("event_num").to_pylist()
+        for reader_id, event_num in zip(reader_ids, event_nums, strict=True):
+            counter = counters.get(reader_id)
+            if counter is None:
+                known = self._readers.get(reader_id)
+                counter = counters[reader_id] = (
+                    ReaderCounter()
+                    if known is None
+                    else ReaderCounter(
+                        known.received,
+                        known.without_event_num,
+                        known.missing,
+                        known.resets,
+                        known.last_event_num,
+                    )
+                )
+            counter.observe(event_num)
+        return {
+            reader_id: ReaderCount(
+                reader_id,
+                c.last_event_num,
+                c.received,
+                c.missing,
+                c.resets,
+                c.without_event_num,
+            )
+            for reader_id, c in counters.items()
+        }
 
     def _ensure_session(self) -> None:
         """A JVM that died (out of memory exits it) is started again before a retry."""

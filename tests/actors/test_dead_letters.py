@@ -13,9 +13,23 @@ from spark.tables import DEAD_LETTERS, PARTITION_SCHEMA, table_path
 TOPIC = "zebra/fx/fx9600-01/reads"
 
 
-def write_dead_letters(tables_dir, batch_id, payloads, received=1_800_000_000.0, topic=TOPIC):
+def write_dead_letters(
+    tables_dir, batch_id, payloads, received=1_800_000_000.0, topic=TOPIC, upstream_reason=None
+):
+    """Dead letters of `payloads` as the writer lands them: the parser's (table), or with
+    `upstream_reason` the upstream dead letters the ledger adds when forwarding gave up."""
     records = [
-        LedgerRecord(i, f"key{batch_id}-{i}", topic, payload, 1, received + i, 1)
+        LedgerRecord(
+            i,
+            f"key{batch_id}-{i}",
+            topic,
+            payload,
+            1,
+            received + i,
+            1,
+            upstream_reason,
+            dead_sink=None if upstream_reason is None else "upstream",
+        )
         for i, payload in enumerate(payloads)
     ]
     dead = build_batch(records, batch_id).dead_letters
@@ -101,6 +115,25 @@ def test_replay_requests_the_chosen_dead_letters_for_the_daemon(tmp_path):
     _, messages = read_request(path)
     assert sorted((m.message_key, m.payload) for m in messages) == sorted(chosen)
     assert {m.topic for m in messages} == {TOPIC}
+
+
+def test_an_upstream_dead_letter_is_listed_with_its_sink_and_replayed_to_the_upstream_only(
+    tmp_path,
+):
+    tables = tmp_path / "data" / "tables"
+    write_dead_letters(tables, 1, [b"not json"])
+    write_dead_letters(tables, 2, [b'{"valid": "read"}'], upstream_reason="forward_failed")
+    listed = run_cli(tmp_path, "--json")
+    assert {(d["reason"], d["sink"]) for d in json.loads(listed.output)["newest"]} == {
+        ("invalid_json", "table"),
+        ("forward_failed", "upstream"),
+    }
+    assert "forward_failed (upstream)" in run_cli(tmp_path).output
+    result = run_replay(tmp_path, "--reason", "forward_failed")
+    assert result.exit_code == 0, result.output
+    (path,) = pending_requests(tmp_path / "data")
+    _, (message,) = read_request(path)
+    assert (message.payload, message.sink) == (b'{"valid": "read"}', "upstream")
 
 
 def test_replay_needs_a_selection_and_a_dry_run_writes_nothing(tmp_path):

@@ -398,3 +398,26 @@ def test_a_ledger_at_its_disk_budget_is_unhealthy_with_the_budget_named_and_flag
     registry = build_registry(board)
     assert sample(registry, "fxgate_source_paused") == 1
     assert sample(registry, "fxgate_source_pauses_total") == 1
+
+
+def test_each_readers_event_counters_are_exported_by_reader(board):
+    board.publish(
+        snapshot(
+            readers={
+                "fx9600-01": {
+                    "received": 1000,
+                    "missing": 12,
+                    "resets": 1,
+                    "without_event_num": 3,
+                    "last_event_num": 40,
+                }
+            }
+        )
+    )
+    registry = build_registry(board)
+    labels = {"reader": "fx9600-01"}
+    assert sample(registry, "fxgate_reader_missing_events_total", **labels) == 12
+    assert sample(registry, "fxgate_reader_events_total", **labels) == 1000
+    assert sample(registry, "fxgate_reader_counter_resets_total", **labels) == 1
+    assert sample(registry, "fxgate_reader_events_without_event_num_total", **labels) == 3
+    assert sample(registry, "fxgate_reader_last_event_num", **labels) == 40

@@ -685,7 +685,13 @@ def test_a_full_data_disk_stops_acks_keeps_the_connection_and_everything_lands_o
     data = small_tmpfs / "data"
     port = free_port()
     daemon = daemon_factory(
-        {**gateway_env(broker, data), "FXGATE__GATEWAY__METRICS_PORT": str(port)}
+        {
+            **gateway_env(broker, data),
+            "FXGATE__GATEWAY__METRICS_PORT": str(port),
+            # A 64 MiB file system: the disk budget's default 1 GiB free would pause the source
+            # at start. This test is about the storage failing, not about the budget.
+            "FXGATE__LEDGER__MIN_FREE_BYTES": "0",
+        }
     )
     daemon.wait_for_log(r"source: subscribed", timeout=90)
     before = simulate(broker.host, broker.port, readers=2, rate=0, count=150, qos=1, seed=1)
@@ -748,6 +754,7 @@ def test_a_read_only_data_dir_at_start_is_refused_clearly_and_nothing_is_lost_on
         "FXGATE__GATEWAY__DATA_DIR": str(data),
         "FXGATE__PACKS__LINGER_SECONDS": "0.2",
         "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+        "FXGATE__LEDGER__MIN_FREE_BYTES": "0",  # a 64 MiB file system: see the test above
     }
     first = daemon_factory(env)
     first.wait_for_log(r"source: subscribed", timeout=90)

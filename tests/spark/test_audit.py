@@ -5,17 +5,12 @@ partitions written before the `seq` column."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
 
-from actors.cli import main
 from persistence.keys import message_key
 from spark.audit import AuditError, AuditReport, audit_tables
 from spark.gaps import missing_ranges, split_epochs
@@ -210,6 +205,49 @@ def test_the_tables_of_two_gateways_of_one_group_have_gaps_alone_and_none_togeth
     assert all(not report.complete for report in alone)
 
 
+def test_a_gateway_that_stamps_a_read_late_makes_no_false_reset_in_the_union(
+    spark_session, tmp_path
+):
+    """Measured with two daemons of one group: one stamped eventNum 48 60 ms after the other
+    had stamped 98. By the clocks, 98 then 48 is a drop of more than half: not a reset."""
+    first = stream("fx-a", without(range(1, 101), {48}))
+    late = stream("fx-a", [48])
+    write(
+        spark_session,
+        tmp_path / "gw-1",
+        1,
+        records(first, times=[T0 + n / 1000 for n in range(1, 100)]),
+    )
+    write(spark_session, tmp_path / "gw-2", 1, records(late, times=[T0 + 0.160]))
+
+    reader = audit_tables(spark_session, [tmp_path / "gw-1", tmp_path / "gw-2"]).readers["fx-a"]
+
+    assert (reader.resets, reader.missing, reader.received) == (0, (), 100)
+
+
+def test_a_gateway_that_first_saw_a_reader_after_its_reset_joins_the_reset_epoch(
+    spark_session, tmp_path
+):
+    before = stream("fx-a", range(1000, 1011))
+    after = stream("fx-a", range(1, 6))
+    times = [T0 + i for i in range(11)] + [T0 + 20 + i for i in range(5)]
+    write(spark_session, tmp_path / "gw-1", 1, records(before + after, times=times))
+    # The second gateway joined the group later: its first reads are 6..10 of the new counter.
+    joined = stream("fx-a", range(6, 11))
+    write(
+        spark_session, tmp_path / "gw-2", 1, records(joined, times=[T0 + 30 + i for i in range(5)])
+    )
+
+    reader = audit_tables(spark_session, [tmp_path / "gw-1", tmp_path / "gw-2"]).readers["fx-a"]
+
+    assert reader.resets == 1
+    assert reader.missing == ()
+    assert [(e.first_event_num, e.last_event_num, e.received) for e in reader.epochs] == [
+        (1000, 1010, 11),
+        (1, 10, 10),
+    ]
+
+
 def test_within_one_gateway_the_ledger_seq_orders_reads_not_the_clock(spark_session, tmp_path):
     # The clock stepped back: received times run backwards while the ledger seq runs forwards.
     events = stream("fx-a", [1000, 1001, 1, 2])
@@ -305,47 +343,3 @@ def test_a_table_without_the_reads_columns_cannot_be_audited(spark_session, tmp_
     TableWriter(spark_session, tmp_path).write_batch(1, {READS: other})
     with pytest.raises(AuditError, match="not a reads table: no column event_num"):
         audit_tables(spark_session, [tmp_path])
-
-
-# --- the command ---------------------------------------------------------------------------
-
-
-def audit_cli(tmp_path, *args):
-    """In-process: only for the failures found before any JVM starts (a JVM started here
-    would be the shared test session's)."""
-    env = {"FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data")}
-    return CliRunner().invoke(main, ["audit", *args], env=env)
-
-
-def test_the_command_exits_2_naming_a_tables_directory_that_does_not_exist(tmp_path):
-    result = audit_cli(tmp_path, "--tables", str(tmp_path / "nowhere"))
-    assert result.exit_code == 2
-    assert "could not audit: tables directory" in result.stderr
-    assert "nowhere does not exist" in result.stderr
-
-
-def test_the_command_exits_2_for_the_configs_own_tables_when_nothing_landed_yet(tmp_path):
-    (tmp_path / "data" / "tables").mkdir(parents=True)
-    result = audit_cli(tmp_path)
-    assert result.exit_code == 2
-    assert f"holds no reads table: {tmp_path / 'data' / 'tables' / READS}" in result.stderr
-
-
-def test_the_command_prints_a_line_per_reader_and_exits_1_when_reads_are_missing(
-    spark_session, tmp_path
-):
-    tables = tmp_path / "tables"
-    write(spark_session, tables, 1, records(stream("fx-a", [1, 2, 5]) + stream("fx-b", [7, 8])))
-    result = subprocess.run(
-        [sys.executable, "-m", "actors.cli", "audit", "--tables", str(tables)],
-        env={**os.environ, "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data")},
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 1, result.stderr
-    lines = result.stdout.splitlines()
-    assert lines[0].startswith("fx-a: 3 received, 2 missing in 1 range(s) (3-4), 0 reset(s)")
-    assert lines[1].startswith("fx-b: 2 received, 0 missing, 0 reset(s)")
-    assert lines[2].startswith("INCOMPLETE: 2 reader(s), 2 eventNum missing in 1 range(s)")

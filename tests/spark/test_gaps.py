@@ -7,7 +7,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from spark.gaps import ReaderCounter, is_reset, missing_ranges, range_size, split_epochs
+from spark.gaps import (
+    ReaderCounter,
+    epoch_offsets,
+    is_reset,
+    missing_ranges,
+    range_size,
+    split_epochs,
+)
 
 numbers = st.integers(min_value=0, max_value=2**63 - 1)
 
@@ -80,6 +87,24 @@ def test_a_counter_that_starts_again_opens_a_new_epoch_instead_of_a_huge_gap():
 
 def test_a_small_step_back_stays_in_its_epoch():
     assert split_epochs([10, 12, 11, 13]) == [[10, 12, 11, 13]]
+
+
+# --- epoch_offsets: several gateways' epoch counts on one -------------------------------------
+
+
+def test_gateways_that_all_started_before_any_reset_count_epochs_alike():
+    assert epoch_offsets({"a": 10, "b": 12}, {"a": [50, 90], "b": [51, 92]}) == {"a": 0, "b": 0}
+
+
+def test_a_gateway_that_first_saw_the_reader_after_a_reset_starts_in_that_resets_epoch():
+    offsets = epoch_offsets({"a": 10, "b": 60, "c": 100}, {"a": [50, 90], "b": [91]})
+    assert offsets == {"a": 0, "b": 1, "c": 2}
+
+
+def test_the_gateway_that_saw_the_most_resets_decides_the_offset():
+    # b saw no read of the reader during a's second epoch (it found only one reset of two).
+    offsets = epoch_offsets({"a": 10, "b": 11, "c": 100}, {"a": [50, 90], "b": [95]})
+    assert offsets["c"] == 2
 
 
 # --- ReaderCounter -------------------------------------------------------------------------

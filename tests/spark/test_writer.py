@@ -13,7 +13,7 @@ from actors.feed import Grant
 from actors.mqtt_client import AckSender, InboundPublish
 from actors.pack import Pack, PackSealed
 from persistence.inbound_ledger import InboundLedger
-from persistence.records import TABLE
+from persistence.records import TABLE, ReaderCount
 from spark.writer import SparkWriterActor
 from tests.harness.checks import wait_until
 
@@ -74,8 +74,11 @@ def ledger(tmp_path, clock):
         ref.stop()
 
 
-def stored_pack(ledger, count, topic="zebra/fx/r1/reads"):
-    """Store `count` messages in the ledger and return them as one sealed pack."""
+def stored_pack(ledger, count, topic="zebra/fx/r1/reads", event_nums=None):
+    """Store `count` messages in the ledger (eventNum 0, 1, ... or `event_nums`) and return them
+    as one sealed pack."""
+    numbers = list(range(count)) if event_nums is None else list(event_nums)
+    count = len(numbers)
 
     class Collect:
         def __init__(self):
@@ -90,8 +93,9 @@ def stored_pack(ledger, count, topic="zebra/fx/r1/reads"):
     collect = Collect()
     ledger.proxy().set_listener(collect).get(timeout=5)
     ledger.tell(Grant(TABLE, count, 10**9))
-    for n in range(count):
-        publish = InboundPublish(1, n + 1, 1, False, False, topic, True, PAYLOAD % n, None, 0.0)
+    for n, number in enumerate(numbers):
+        payload = PAYLOAD % number + b" " * n  # the same eventNum twice is two messages
+        publish = InboundPublish(1, n + 1, 1, False, False, topic, True, payload, None, 0.0)
         ledger.tell(Inbound(publish, NoAcks()))
     assert collect.done.wait(5)
     return Pack(1, tuple(dataclasses.replace(r, pack_id=1) for r in collect.records))
@@ -278,3 +282,34 @@ def test_a_spark_session_that_died_is_started_again_before_the_retry(ledger, clo
         assert batch_states(tmp_path) == [(1, "committed")]
     finally:
         writer.stop()
+
+
+def test_each_batch_commits_its_readers_event_counters_and_a_restart_counts_on_from_them(
+    tmp_path, clock
+):
+    path = tmp_path / "ledger.sqlite"
+    ledger = InboundLedger.start(path, clock, group_commit_max_delay=0.0)
+    tables = ScriptedTables(["fail"])  # the first attempt fails: its counts must not stick
+    writer = start_writer(ledger, clock, tables, retry_backoff=Backoff(1.0, 1.0, 0.0))
+    try:
+        pack = stored_pack(ledger, 0, event_nums=[1, 2, 5, 6, 2])  # 3, 4 lost; then a reboot
+        writer.tell(PackSealed(pack))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)
+        tables.wait_calls(1)
+        writer.proxy().failures.get(timeout=5)
+        clock.advance(1.0)  # the retry lands it
+        tables.wait_calls(2)
+        assert wait_until(lambda: ledger.proxy().stats().get(timeout=5)["pending"] == 0)
+        batch = writer.proxy().last_batch.get(timeout=5)
+        (counts,) = batch.readers
+        assert counts == ReaderCount("r1", 2, 5, 2, 1, 0)
+    finally:
+        writer.stop()
+        ledger.stop()
+    again = InboundLedger.start(path, clock, group_commit_max_delay=0.0)
+    try:
+        readers = again.proxy().recovery().get(timeout=5).readers
+        assert readers == {"r1": ReaderCount("r1", 2, 5, 2, 1, 0)}
+    finally:
+        again.stop()
