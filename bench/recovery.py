@@ -75,8 +75,19 @@ class SteadyPublisher:
     """The simulator at `rate` msg/s, chunk after chunk, until `stop`; keeps every message's
     publish time (wall clock, when paho took it) and the acknowledged records, in order."""
 
-    def __init__(self, host: str, port: int, rate: float, seed: int) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rate: float,
+        seed: int,
+        *,
+        chunk_seconds: float = CHUNK_SECONDS,
+        client_id_prefix: str = "bench-recovery",
+    ) -> None:
         self._host, self._port, self._rate, self._seed = host, port, rate, seed
+        self._chunk_seconds = chunk_seconds
+        self._prefix = client_id_prefix
         self.clock = PublishClock()
         self.records: list[PublishedRecord] = []
         self.error: BaseException | None = None
@@ -88,7 +99,7 @@ class SteadyPublisher:
         return self
 
     def _run(self) -> None:
-        per_reader = max(1, round(self._rate * CHUNK_SECONDS / PUBLISHING_READERS))
+        per_reader = max(1, round(self._rate * self._chunk_seconds / PUBLISHING_READERS))
         chunk = 0
         try:
             while not self._stop.is_set():
@@ -102,7 +113,7 @@ class SteadyPublisher:
                     count=per_reader,
                     qos=1,
                     seed=self._seed * 1000 + chunk,
-                    client_id_prefix=f"bench-recovery-{self._seed}-{chunk}",
+                    client_id_prefix=f"{self._prefix}-{self._seed}-{chunk}",
                     progress=self.clock,
                     ack_timeout=60.0,
                 )
@@ -117,7 +128,7 @@ class SteadyPublisher:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(CHUNK_SECONDS + 90)
+        self._thread.join(self._chunk_seconds + 90)
         if self.error is not None:
             raise RuntimeError(f"publisher failed: {self.error}") from self.error
 

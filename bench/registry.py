@@ -11,7 +11,14 @@ import importlib
 
 from bench import benchmarks
 
-MODULES = ("bench.forward", "bench.latency", "bench.recovery", "bench.memory", "bench.loss")
+MODULES = (
+    "bench.forward",
+    "bench.latency",
+    "bench.recovery",
+    "bench.memory",
+    "bench.outage",
+    "bench.loss",
+)
 
 
 def _collect() -> tuple:

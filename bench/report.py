@@ -20,7 +20,17 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
 # Table order: by name prefix, then by name.
-ORDER = ("ingest", "forward", "batched", "latency", "recovery", "memory", "durability", "loss")
+ORDER = (
+    "ingest",
+    "forward",
+    "batched",
+    "latency",
+    "recovery",
+    "memory",
+    "outage",
+    "durability",
+    "loss",
+)
 TABLE_FILE = "README-table.md"
 
 

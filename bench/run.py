@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
         action="extend",
         metavar="NAME",
         help="benchmarks to run (a name or a prefix: ingest, forward, batched, latency, "
-        "recovery, memory, durability, loss)",
+        "recovery, memory, outage, durability, loss)",
     )
     parser.add_argument(
         "--quick",
