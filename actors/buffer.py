@@ -1,7 +1,7 @@
 """TierTwoBuffer: the bounded in-memory queue between the ledger and the upstream connection.
 
 Tier 1 is the inbound ledger: every message is durable there before it is acknowledged, and the
-upstream's feed reads it in seq order (persistence.inbound_ledger). Tier 2 takes from that feed
+upstream's feed reads it in seq order (actors.ledger). Tier 2 takes from that feed
 only what fits under its caps (message count and payload bytes): it grants the ledger credit for
 the room it has, and grants again as packs leave. While the upstream is away tier 2 fills, the
 feed stops, and the rest waits in tier 1 on disk — in order, however long the outage, without
@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 
 import pykka
 
 from actors.clock import Clock
-from actors.feed import Grant
-from actors.pack import Pack, PackSealed
-from actors.routes import Route, route_for
-from persistence.inbound_ledger import Committed, Forwarded
+from actors.config.routes import Route, route_for
+from actors.messages import Committed, Demand, Forwarded, Grant, Pack, PackSealed
 from persistence.records import UPSTREAM, LedgerRecord
 
 log = logging.getLogger(__name__)
@@ -37,11 +34,6 @@ log = logging.getLogger(__name__)
 OVERFLOW_DROPPED = "overflow_dropped"
 # Tier 2 filling up is said once, then at most once per this many seconds (on the clock).
 FULL_LOG_SECONDS = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """From the OutboundLedger: it can take one more pack."""
 
 
 class TierTwoBuffer(pykka.ThreadingActor):
@@ -129,7 +121,6 @@ class TierTwoBuffer(pykka.ThreadingActor):
             pack_id, self._next_pack_id = self._next_pack_id, self._next_pack_id + 1
             self._demand -= 1
             self._outbound.tell(PackSealed(Pack(pack_id, tuple(records))))
-
 
     def _account(self, record: LedgerRecord, sign: int) -> None:
         self._messages += sign

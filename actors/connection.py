@@ -32,16 +32,23 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
-from actors.config import read_password_file
-from actors.intake import IntakeGate, packet_size
-from actors.lifecycle import SessionConnected, SessionDisconnected
+from actors.config.schema import read_password_file
 from actors.lifecycle_reasons import (
     LocalCause,
     connack_refusal_reason,
     disconnection_reason,
     reason_from_paho_disconnect,
 )
-from actors.mqtt_client import EpochClient, InboundPublish, InboundPubrel, LedgerClient
+from actors.messages import (
+    Inbound,
+    Publish,
+    SessionConnected,
+    SessionDisconnected,
+    SessionEnded,
+    SessionStarted,
+)
+from actors.mqtt.client import EpochClient, LedgerClient
+from actors.mqtt.intake import IntakeGate, packet_size
 
 log = logging.getLogger(__name__)
 
@@ -71,41 +78,6 @@ class ConnectionSettings:
     tls_cert_file: str | None = None  # with tls_key_file: mutual TLS
     tls_key_file: str | None = None
     tls_insecure: bool = False  # no host name check: anyone on the path can pose as the broker
-
-
-@dataclass(frozen=True, slots=True)
-class SessionStarted:
-    """Told to the listener at each CONNACK. Without a session present the broker has forgotten
-    every packet id of ours; `receive_maximum` is how many QoS 1/2 messages it takes in flight."""
-
-    epoch: int
-    session_present: bool
-    receive_maximum: int = 65535
-
-
-@dataclass(frozen=True, slots=True)
-class SessionEnded:
-    """Told to the listener when the connection of `epoch` is gone."""
-
-    epoch: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Publish:
-    """A message of the gateway's own (a life-cycle event) to publish on this connection."""
-
-    topic: str
-    payload: bytes
-    qos: int
-
-
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    """A packet from the source connection, with the way back for its acknowledgement."""
-
-    packet: InboundPublish | InboundPubrel
-    acks: object  # actors.mqtt_client.AckSender
 
 
 def ledger_client_factory(

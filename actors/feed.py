@@ -14,18 +14,8 @@ says where reading back resumes (`take` after each read).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from persistence.records import LedgerRecord
-
-
-@dataclass(frozen=True, slots=True)
-class Grant:
-    """From a sink to the ledger: it can take this many more records and payload bytes."""
-
-    sink: str
-    messages: int
-    bytes: int
 
 
 class Feed:

@@ -43,6 +43,7 @@ import pykka
 from actors.clock import Clock
 from actors.crashpoints import crash_point
 from actors.lifecycle_reasons import LocalCause, disconnection_reason
+from actors.messages import ClientInfo, ClientsConfigured, SessionConnected, SessionDisconnected
 from persistence.database import LIFECYCLE_VERSION, SYNCHRONOUS, connect_sqlite
 from persistence.storage_faults import StorageUnavailable, describe, is_storage_fault
 
@@ -87,40 +88,6 @@ CREATE TABLE IF NOT EXISTS outbox (
 
 class EventSink(Protocol):
     def tell(self, message: dict) -> object: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ClientInfo:
-    """One configured connection as the life-cycle events describe it (no secrets)."""
-
-    name: str  # source | upstream
-    client_id: str
-    authentication_name: str  # the username, or the client id when anonymous
-    host: str
-    port: int
-    fingerprint: str  # changes whenever the connection's configuration does
-
-
-@dataclass(frozen=True, slots=True)
-class ClientsConfigured:
-    """Told once at start with every configured connection."""
-
-    clients: tuple[ClientInfo, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionConnected:
-    client_id: str
-    session_name: str
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class SessionDisconnected:
-    client_id: str
-    session_name: str
-    epoch: int
-    reason: str  # one of Event Grid's disconnection reasons, mapped by the caller
 
 
 def client_info(settings: ConnectionSettings) -> ClientInfo:

@@ -14,24 +14,10 @@ from dataclasses import dataclass
 import pykka
 
 from actors.clock import Clock, TimerHandle
-from persistence.inbound_ledger import Committed, LedgerRecord
+from actors.ledger import LedgerRecord
+from actors.messages import Committed, Pack, PackSealed
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Pack:
-    pack_id: int
-    records: tuple[LedgerRecord, ...]
-
-    @property
-    def seqs(self) -> tuple[int, ...]:
-        return tuple(r.seq for r in self.records)
-
-
-@dataclass(frozen=True, slots=True)
-class PackSealed:
-    pack: Pack
 
 
 class PackAssembler:

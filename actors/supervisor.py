@@ -20,21 +20,22 @@ import pykka
 
 from actors.buffer import TierTwoBuffer
 from actors.clock import Clock
-from actors.config import Config
+from actors.config.routes import Route, lifecycle_filter, lifecycle_route, route_for
+from actors.config.schema import Config
 from actors.connection import ConnectionActor, ConnectionSettings, ledger_client_factory
-from actors.intake import IntakeGate
-from actors.lifecycle import ClientsConfigured, LifecycleActor, client_info
+from actors.ledger import InboundLedger
+from actors.lifecycle import LifecycleActor, client_info
 from actors.lifecycle_sink import LedgerEventSink, SourceEventSink
+from actors.messages import BatchWritten, ClientsConfigured, ReplayBatch, TakeReplays, WriterHealth
+from actors.mqtt.intake import IntakeGate
+from actors.mqtt.upstream import UpstreamClient
+from actors.outbound import OutboundLedger
 from actors.pack import PackActor
-from actors.routes import Route, lifecycle_filter, lifecycle_route, route_for
-from actors.upstream_client import UpstreamClient
+from actors.writer import SparkWriterActor
 from persistence.disk_budget import DiskBudget
-from persistence.inbound_ledger import InboundLedger, TakeReplays
-from persistence.outbound_ledger import OutboundLedger
 from persistence.permissions import private_directory
 from persistence.records import ReaderCount
 from persistence.replay import pending_requests
-from spark.writer import BatchWritten, ReplayBatch, SparkWriterActor, WriterHealth
 
 log = logging.getLogger(__name__)
 

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import psutil
 
+from actors.app.daemon import Gateway, configure_logging
 from actors.clock import RealClock
-from actors.config import load_config
-from actors.daemon import Gateway, configure_logging
-from actors.mqtt_client import AckKind, LedgerClient
+from actors.config.schema import load_config
+from actors.mqtt.client import AckKind, LedgerClient
 from actors.supervisor import Supervisor
 
 log = logging.getLogger("bench.gateway_worker")

@@ -17,14 +17,14 @@ import pytest
 
 from actors.backoff import Backoff
 from actors.clock import RealClock
-from actors.config import load_config
-from actors.simulate import expected_read_ids, simulate
+from actors.config.schema import load_config
+from actors.devtools.simulate import expected_read_ids, simulate
+from actors.mqtt.upstream import IDEMPOTENCY_PROPERTY
 from actors.supervisor import Supervisor
-from actors.upstream_client import IDEMPOTENCY_PROPERTY
 from spark.report import compare, landed_ids_spark
+from tests.actors.test_outbound import forwarding_environ
 from tests.harness.checks import wait_until, wait_until_landed
 from tests.harness.mqtt import Collector
-from tests.persistence.test_outbound_ledger import forwarding_environ
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
@@ -239,7 +239,7 @@ def test_sigkills_during_the_outage_and_during_the_drain_leave_each_sink_exactly
 def test_at_its_disk_budget_the_ledger_pauses_the_source_loudly_and_resumes_when_freed(
     mosquitto_factory, daemon_factory, tmp_path
 ):
-    from tests.actors.test_metrics import free_port, get, scrape
+    from tests.actors.app.test_metrics import free_port, get, scrape
 
     source = mosquitto_factory(**SHIPPED)
     upstream = mosquitto_factory()

@@ -5,8 +5,8 @@ import json
 import pytest
 
 from actors.clock import RealClock
+from actors.config.routes import lifecycle_filter
 from actors.lifecycle import CLIENT_CREATED_OR_UPDATED, SESSION_CONNECTED, SESSION_DISCONNECTED
-from actors.routes import lifecycle_filter
 from actors.supervisor import Supervisor
 from spark.schema import EVENTS_SCHEMA
 from spark.tables import EVENTS, read_table_arrow
