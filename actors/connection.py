@@ -49,6 +49,7 @@ from actors.messages import (
 )
 from actors.mqtt.client import EpochClient, LedgerClient
 from actors.mqtt.intake import IntakeGate, packet_size
+from actors.tell import tell_unless_dead
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,9 @@ class _TlsErrorHandler(logging.Handler):
         args = record.args if isinstance(record.args, tuple) else ()
         error = next((a for a in args if isinstance(a, ssl.SSLError)), None)
         if error is not None:
-            self._tell(_TlsError(self._client.epoch, describe_tls_error(error)))
+            tell_unless_dead(
+                self.actor_ref, _TlsError(self._client.epoch, describe_tls_error(error))
+            )
 
 
 @dataclass(frozen=True)
@@ -316,22 +319,15 @@ class ConnectionActor(pykka.ThreadingActor):
     def _lifecycle_tell(self, message: object) -> None:
         if self._lifecycle is None:
             return
-        try:
-            self._lifecycle.tell(message)
-        except pykka.ActorDeadError:
+        if not tell_unless_dead(self._lifecycle, message):
             log.warning("%s: life-cycle actor gone, event dropped: %r", self._s.name, message)
 
     # -- paho callbacks: network thread, translate only -------------------------------------
 
-    def _tell(self, message: object) -> None:
-        try:
-            self.actor_ref.tell(message)
-        except pykka.ActorDeadError:
-            pass
-
     def _on_connect(self, client, _userdata, flags, reason_code, properties) -> None:
         receive_maximum = getattr(properties, "ReceiveMaximum", None) or 65535
-        self._tell(
+        tell_unless_dead(
+            self.actor_ref,
             _Connected(
                 client.epoch,
                 str(reason_code),
@@ -339,21 +335,23 @@ class ConnectionActor(pykka.ThreadingActor):
                 flags.session_present,
                 receive_maximum,
                 connack_refusal_reason(reason_code) if reason_code.is_failure else "",
-            )
+            ),
         )
 
     def _on_disconnect(self, client, _userdata, flags, reason_code, _properties) -> None:
-        self._tell(
+        tell_unless_dead(
+            self.actor_ref,
             _Disconnected(
                 client.epoch, str(reason_code), reason_from_paho_disconnect(flags, reason_code)
-            )
+            ),
         )
 
     def _on_subscribe(self, _client, _userdata, _mid, reason_codes, _properties) -> None:
-        self._tell(
+        tell_unless_dead(
+            self.actor_ref,
             _Subscribed(
                 tuple(str(r) for r in reason_codes), tuple(r.is_failure for r in reason_codes)
-            )
+            ),
         )
 
     # -- messages ---------------------------------------------------------------------------
@@ -524,7 +522,9 @@ class ConnectionActor(pykka.ThreadingActor):
         log.info(
             "%s: reconnecting in %.2f s (attempt %d)", self._s.name, delay, self._backoff.attempt
         )
-        self._timer = self._clock.call_later(delay, lambda: self._tell(_Reconnect()))
+        self._timer = self._clock.call_later(
+            delay, lambda: tell_unless_dead(self.actor_ref, _Reconnect())
+        )
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

@@ -64,6 +64,8 @@ from actors.messages import (
 )
 from actors.mqtt.client import AckKind, AckSender, InboundPublish, InboundPubrel
 from actors.mqtt.intake import IntakeGate, packet_size
+from actors.storage_retry import StorageRetry
+from actors.tell import tell_unless_dead
 from persistence import database as db
 from persistence.disk_budget import DiskBudget
 from persistence.keys import message_key as default_message_key
@@ -191,14 +193,17 @@ class InboundLedger(pykka.ThreadingActor):
         self._feeds = {TABLE: Feed(TABLE), UPSTREAM: Feed(UPSTREAM)}
         self._targets: dict[str, pykka.ActorRef] = {}
         self._reading: set[str] = set()  # sinks with a _ReadBack in the mailbox
-        # Storage faults (module docstring): what failed, since when, and what waits meanwhile
-        # as (message, already counted as taken by the intake gate).
-        self._failing: str | None = None
-        self._failing_since: float | None = None
+        # Storage faults (module docstring): the episode, and what waits meanwhile as (message,
+        # already counted as taken by the intake gate).
+        self._faults = StorageRetry(
+            "inbound ledger",
+            self._path,
+            clock,
+            lambda: tell_unless_dead(self.actor_ref, _RetryStorage()),
+            storage_backoff,
+        )
         self._backlog: deque[tuple[object, bool]] = deque()
-        self._storage_backoff = storage_backoff or Backoff(0.5, 30.0, 0.25)
-        self._storage_timer: TimerHandle | None = None
-        self._storage_counts = {"storage_failures": 0, "storage_recoveries": 0, "dropped_qos0": 0}
+        self._dropped_qos0 = 0
         # The disk budget (None: unlimited) and where the ledger stands against it.
         self._budget = budget
         self._budget_paused = False
@@ -243,9 +248,9 @@ class InboundLedger(pykka.ThreadingActor):
         self._check_budget(force=True)
 
     def on_stop(self) -> None:
-        for timer in (self._storage_timer, self._budget_timer):
-            if timer is not None:
-                timer.cancel()
+        self._faults.cancel()
+        if self._budget_timer is not None:
+            self._budget_timer.cancel()
         if self._intake is not None:
             self._intake.close()
         try:
@@ -258,7 +263,7 @@ class InboundLedger(pykka.ThreadingActor):
             log.error(
                 "inbound ledger stopping while it cannot write (%s): %d message(s) neither "
                 "stored nor acknowledged; the broker redelivers them after the next start",
-                self._failing,
+                self._faults.error,
                 len(self._backlog),
             )
         if self._store is not None:
@@ -288,7 +293,7 @@ class InboundLedger(pykka.ThreadingActor):
 
     def on_receive(self, message: object) -> None:
         if isinstance(message, Inbound):
-            if self._failing is not None or self._backlog:
+            if self._faults.failing or self._backlog:
                 self._defer(message)
                 return
             try:
@@ -304,7 +309,7 @@ class InboundLedger(pykka.ThreadingActor):
             except _StorageFailed:
                 pass
         elif isinstance(message, SessionStarted | Forwarded):
-            if self._failing is not None or self._backlog:
+            if self._faults.failing or self._backlog:
                 # After the inputs before it, in order.
                 self._backlog.append((message, True))
                 return
@@ -324,7 +329,7 @@ class InboundLedger(pykka.ThreadingActor):
             self._budget_timer = None
             self._check_budget(force=True)
         elif isinstance(message, _RetryStorage):
-            self._storage_timer = None
+            self._faults.retry_due()
             self._drain()
         elif isinstance(message, _Drain):
             self._drain()
@@ -332,7 +337,7 @@ class InboundLedger(pykka.ThreadingActor):
             pass
         elif isinstance(message, TakeReplays):
             # While storage fails the request files stay; the daemon hands them again each second.
-            if self._failing is None and not self._backlog:
+            if not self._faults.failing and not self._backlog:
                 try:
                     self._take_replays(message.data_dir)
                 except _StorageFailed:
@@ -398,20 +403,11 @@ class InboundLedger(pykka.ThreadingActor):
             self._awaiting_pubrel = group.pubrel_before or {}
             self.counts.update(group.counts_before)
         self._backlog.extendleft((m, True) for m in reversed(group.inputs))
-        self._storage_counts["storage_failures"] += 1
-        what = describe(error)
-        if self._failing is None:
-            self._failing_since = self._clock.monotonic()
-            log.error(
-                "inbound ledger cannot write %s: %s; acknowledgements stop (the broker holds "
-                "the rest back at our Receive Maximum), the source connection stays, %d "
-                "message(s) wait in memory, retrying with backoff",
-                self._path,
-                what,
-                len(self._backlog),
-            )
-        self._failing = what
-        self._schedule_storage_retry()
+        self._faults.failed(
+            error,
+            "acknowledgements stop (the broker holds the rest back at our Receive Maximum), the "
+            f"source connection stays, {len(self._backlog)} message(s) wait in memory",
+        )
 
     def _rollback(self) -> None:
         assert self._store is not None
@@ -420,23 +416,12 @@ class InboundLedger(pykka.ThreadingActor):
         except Exception as error:  # the store replaced its connection with a fresh one
             log.warning("inbound ledger rollback failed (%s): reconnected", describe(error))
 
-    def _schedule_storage_retry(self) -> None:
-        if self._storage_timer is None:
-            delay = self._storage_backoff.next_delay()
-            self._storage_timer = self._clock.call_later(delay, lambda: self._tell(_RetryStorage()))
-
-    def _tell(self, message: object) -> None:
-        try:
-            self.actor_ref.tell(message)
-        except pykka.ActorDeadError:
-            pass
-
     def _defer(self, message: Inbound) -> None:
         packet = message.packet
-        if self._failing is not None and isinstance(packet, InboundPublish) and packet.qos == 0:
+        if self._faults.failing and isinstance(packet, InboundPublish) and packet.qos == 0:
             # No broker keeps a QoS 0 message for us and none limits their flow: holding them
             # would be unbounded. DESIGN §3.4 lets QoS 0 go, counted.
-            self._storage_counts["dropped_qos0"] += 1
+            self._dropped_qos0 += 1
             self._taken(message)
             return
         # Not yet "taken": the intake gate counts it as waiting, and so bounds the backlog.
@@ -444,7 +429,7 @@ class InboundLedger(pykka.ThreadingActor):
 
     def _drain(self, final: bool = False) -> None:
         """Store the backlog in order, a chunk per turn; on success, leave the failing state."""
-        if self._storage_timer is not None and not final:
+        if self._faults.waiting and not final:
             return  # a fault is waiting out its backoff
         try:
             done = 0
@@ -458,9 +443,9 @@ class InboundLedger(pykka.ThreadingActor):
                         self._taken(message)
             self._commit()
             if self._backlog:
-                self._tell(_Drain())
+                tell_unless_dead(self.actor_ref, _Drain())
                 return
-            if self._failing is not None and not final:
+            if self._faults.failing and not final:
                 self._probe()
                 self._recovered()
         except _StorageFailed:
@@ -475,25 +460,15 @@ class InboundLedger(pykka.ThreadingActor):
         self._commit()
 
     def _recovered(self) -> None:
-        assert self._failing_since is not None
-        seconds = self._clock.monotonic() - self._failing_since
-        log.info(
-            "inbound ledger writes again after %.1f s (it failed with: %s); acknowledgements "
-            "resume, %d QoS 0 message(s) dropped so far",
-            seconds,
-            self._failing,
-            self._storage_counts["dropped_qos0"],
+        self._faults.succeeded(
+            f"; acknowledgements resume, {self._dropped_qos0} QoS 0 message(s) dropped so far"
         )
-        self._failing = None
-        self._failing_since = None
-        self._storage_counts["storage_recoveries"] += 1
-        self._storage_backoff.reset()
         for sink in self._feeds:
             self._schedule_read(sink)
 
     def _refuse_while_failing(self) -> None:
-        if self._failing is not None:
-            raise StorageUnavailable(f"inbound ledger cannot write: {self._failing}")
+        if self._faults.failing:
+            raise StorageUnavailable(f"inbound ledger cannot write: {self._faults.error}")
 
     @contextmanager
     def _asked_write(self) -> Iterator[None]:
@@ -504,7 +479,7 @@ class InboundLedger(pykka.ThreadingActor):
                 yield
         except _StorageFailed as failed:
             raise StorageUnavailable(
-                f"inbound ledger cannot write: {self._failing}"
+                f"inbound ledger cannot write: {self._faults.error}"
             ) from failed.__cause__
 
     # -- the inbound protocol ---------------------------------------------------------------
@@ -691,7 +666,7 @@ class InboundLedger(pykka.ThreadingActor):
             self.actor_ref.tell(_Flush())
         else:
             self._flush_timer = self._clock.call_later(
-                self._group_delay, lambda: self._tell(_Flush())
+                self._group_delay, lambda: tell_unless_dead(self.actor_ref, _Flush())
             )
 
     def _commit(self) -> None:
@@ -709,7 +684,7 @@ class InboundLedger(pykka.ThreadingActor):
             crash_point("after_ledger_commit_before_ack")
             _send_acks(group.acks)
         for ref, reply in group.replies:
-            self._tell_to(ref, reply)
+            tell_unless_dead(ref, reply)
         if group.records:
             for sink, feed in self._feeds.items():
                 target = self._targets.get(sink)
@@ -724,17 +699,9 @@ class InboundLedger(pykka.ThreadingActor):
         self._check_budget()
 
     def _hand_on(self, target: pykka.ActorRef, records: Sequence[LedgerRecord]) -> None:
-        try:
-            target.tell(Committed(tuple(records)))
-        except pykka.ActorDeadError:
+        if not tell_unless_dead(target, Committed(tuple(records))):
             # Shutting down: the rows are committed and the next start hands them on.
             log.info("%d committed message(s) left for the next start", len(records))
-
-    def _tell_to(self, ref: pykka.ActorRef, message: object) -> None:
-        try:
-            ref.tell(message)
-        except pykka.ActorDeadError:
-            pass
 
     # -- the feeds --------------------------------------------------------------------------
 
@@ -747,14 +714,14 @@ class InboundLedger(pykka.ThreadingActor):
             and sink not in self._reading
         ):
             self._reading.add(sink)
-            self._tell(_ReadBack(sink))
+            tell_unless_dead(self.actor_ref, _ReadBack(sink))
 
     def _read_back(self, sink: str) -> None:
         """Hand `sink` the next chunk it owes from the database, oldest first."""
         feed, target = self._feeds[sink], self._targets.get(sink)
         if target is None or feed.caught_up or not feed.has_credit:
             return
-        if self._failing is not None or self._backlog:
+        if self._faults.failing or self._backlog:
             return  # `_recovered` comes back here
         # Rows of the open transaction are visible to this connection: commit them first, so
         # that a row is read back here or handed on by _commit, never both.
@@ -773,7 +740,7 @@ class InboundLedger(pykka.ThreadingActor):
                 raise
             log.warning("inbound ledger could not read back for the %s: %s", sink, describe(error))
             self._rollback()
-            self._clock.call_later(1.0, lambda: self._tell(_ReadBack(sink)))
+            self._clock.call_later(1.0, lambda: tell_unless_dead(self.actor_ref, _ReadBack(sink)))
             self._reading.add(sink)
             return
         handed = feed.take(records, limit)
@@ -824,7 +791,7 @@ class InboundLedger(pykka.ThreadingActor):
                 self._intake.release(BUDGET_HOLD)
         if self._budget_paused and self._budget_timer is None:
             self._budget_timer = self._clock.call_later(
-                BUDGET_RECHECK_SECONDS, lambda: self._tell(_CheckBudget())
+                BUDGET_RECHECK_SECONDS, lambda: tell_unless_dead(self.actor_ref, _CheckBudget())
             )
 
     # -- batches (asked by the Spark writer) ------------------------------------------------
@@ -914,7 +881,9 @@ class InboundLedger(pykka.ThreadingActor):
         usage = self._usage
         return {
             **self.counts,
-            **self._storage_counts,
+            "storage_failures": self._faults.failures,
+            "storage_recoveries": self._faults.recoveries,
+            "dropped_qos0": self._dropped_qos0,
             "pending": pending,
             "lag": lags,
             "awaiting_pubrel": len(self._awaiting_pubrel),
@@ -939,9 +908,9 @@ class InboundLedger(pykka.ThreadingActor):
                 for sink, feed in self._feeds.items()
             },
             # Set while writes fail: the error, for how long, and what waits in memory.
-            "storage_error": self._failing,
+            "storage_error": self._faults.error,
             "storage_failing_seconds": None
-            if self._failing_since is None
-            else round(self._clock.monotonic() - self._failing_since, 3),
+            if self._faults.seconds() is None
+            else round(self._faults.seconds(), 3),
             "storage_backlog": len(self._backlog),
         }

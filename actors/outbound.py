@@ -54,25 +54,16 @@ from actors.messages import (
     SessionStarted,
 )
 from actors.mqtt.upstream import AckType, OutboundAck, OutboundPublish
-from persistence.database import OUTBOUND_VERSION, connect_sqlite
-from persistence.storage_faults import describe, is_storage_fault
+from actors.storage_retry import StorageRetry
+from actors.tell import tell_unless_dead
+from persistence.outbound_store import OutboundStore
+from persistence.storage_faults import is_storage_fault
 from spark.topics import topic_problem
 from spark.zebra import INVALID_TOPIC
 
 log = logging.getLogger(__name__)
 
 MAX_PACKET_ID = 65535
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS outbound (
-    seq INTEGER PRIMARY KEY,       -- the inbound ledger's row
-    packet_id INTEGER,             -- while in flight
-    state TEXT NOT NULL,           -- publish | pubrel | acked | dead
-    attempts INTEGER NOT NULL DEFAULT 0,
-    reason TEXT
-);
-CREATE INDEX IF NOT EXISTS outbound_packet_id ON outbound (packet_id);
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,29 +162,23 @@ class OutboundLedger(pykka.ThreadingActor):
         # waits there for the commit of its 'pubrel' state.
         self._flush_pending = False
         self._pubrels_due: list[int] = []
-        # (state, seq) decided by acks, written in one statement before anything else is
-        # written and before each commit (a later write to the same row must win).
-        self._states: list[tuple[str, int]] = []
-        # Statements (sql, rows) in the order they were decided, executed at the next commit;
-        # kept when a commit fails for a storage fault, so the retry writes them all.
-        self._writes: list[tuple[str, list[tuple]]] = []
-        self._storage_error: str | None = None
-        self._storage_backoff = storage_backoff or Backoff(0.5, 30.0, 0.25)
-        self._storage_timer: TimerHandle | None = None
+        # Writes wait in the store until the next commit; a storage fault keeps them for the
+        # retry (persistence.outbound_store), and this episode says when to try again.
+        self._store: OutboundStore | None = None
+        self._faults = StorageRetry(
+            "outbound ledger",
+            self._path,
+            clock,
+            lambda: tell_unless_dead(self.actor_ref, _RetryStorage()),
+            storage_backoff,
+        )
         self.stats = _Stats()
 
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
-        self._db = connect_sqlite(
-            self._path, self._durability, SCHEMA, OUTBOUND_VERSION, table="outbound"
-        )
-        self._known = {
-            seq: (state, packet_id, attempts)
-            for seq, state, packet_id, attempts in self._db.execute(
-                "SELECT seq, state, packet_id, attempts FROM outbound"
-            )
-        }
+        self._store = OutboundStore(self._path, self._durability)
+        self._known = self._store.known()
         self._reserved = {
             packet_id
             for state, packet_id, _ in self._known.values()
@@ -209,12 +194,7 @@ class OutboundLedger(pykka.ThreadingActor):
         # Finished before a restart, perhaps not yet recorded by the inbound ledger: report them
         # (again); its answer lets these rows go.
         done = tuple(seq for seq, (state, _, _) in self._known.items() if state == "acked")
-        dead = tuple(
-            (seq, reason)
-            for seq, reason in self._db.execute(
-                "SELECT seq, coalesce(reason, 'forward_failed') FROM outbound WHERE state = 'dead'"
-            )
-        )
+        dead = tuple(self._store.dead())
         if done or dead:
             log.info(
                 "outbound ledger: reporting %d finished message(s) again", len(done) + len(dead)
@@ -222,17 +202,17 @@ class OutboundLedger(pykka.ThreadingActor):
             self._ledger.tell(Forwarded(done, dead, self.actor_ref))
 
     def on_stop(self) -> None:
-        if self._storage_timer is not None:
-            self._storage_timer.cancel()
-            self._storage_timer = None
+        self._faults.cancel()
+        if self._store is None:
+            return
         # The acks decided so far: fewer re-sends after the next start.
         if not self._commit():
             log.error(
                 "outbound ledger stopping while it cannot write (%s): the last acks are not "
                 "saved; their messages are sent again after the next start",
-                self._storage_error,
+                self._faults.error,
             )
-        self._db.close()
+        self._store.close()
         log.info("outbound ledger closed")
 
     def set_client(self, client) -> None:
@@ -255,7 +235,7 @@ class OutboundLedger(pykka.ThreadingActor):
         elif isinstance(message, _Flush):
             self._flush()
         elif isinstance(message, _RetryStorage):
-            self._storage_timer = None
+            self._faults.retry_due()
             self._flush()
         elif isinstance(message, SessionStarted):
             self._on_session(message)
@@ -276,7 +256,7 @@ class OutboundLedger(pykka.ThreadingActor):
     # -- packs ------------------------------------------------------------------------------
 
     def _pump(self) -> None:
-        if self._storage_error is not None:
+        if self._faults.failing:
             return  # a finished pack goes on only once its states are committed
         if self._current is None and self._waiting:
             self._start_pack(self._waiting.popleft())
@@ -374,7 +354,7 @@ class OutboundLedger(pykka.ThreadingActor):
         """Send queued entries of the current pack while the window has room."""
         if not self._connected or self._client is None or self._current is None:
             return
-        if self._storage_error is not None:
+        if self._faults.failing:
             return
         batch: list[_Entry] = []
         now = self._clock.wall()
@@ -413,12 +393,7 @@ class OutboundLedger(pykka.ThreadingActor):
                 self._pump()
             return
         # Persist before any of these PUBLISHes can reach the wire.
-        self._write(
-            "INSERT INTO outbound (seq, packet_id, state, attempts) VALUES (?, ?, 'publish', ?) "
-            "ON CONFLICT (seq) DO UPDATE SET packet_id = excluded.packet_id, "
-            "state = 'publish', attempts = excluded.attempts",
-            [(e.record.seq, e.message.packet_id, e.attempts) for e in batch],
-        )
+        self._store.in_flight((e.record.seq, e.message.packet_id, e.attempts) for e in batch)
         if not self._commit():
             # In flight but not on the wire: sent (after their commit) once storage is back.
             self._unsent.update(entry.message.packet_id for entry in batch)
@@ -433,7 +408,7 @@ class OutboundLedger(pykka.ThreadingActor):
         self._flush_unsent()
 
     def _flush_unsent(self) -> None:
-        if self._storage_error is not None:
+        if self._faults.failing:
             return
         room = self._window - (len(self._inflight) - len(self._unsent))
         for packet_id in sorted(self._unsent, key=lambda pid: self._inflight[pid].record.seq):
@@ -481,10 +456,7 @@ class OutboundLedger(pykka.ThreadingActor):
                 self.stats.possible_duplicates += len(pubrels)
                 for entry in pubrels:
                     entry.state = "publish"
-                self._write(
-                    "UPDATE outbound SET state = 'publish' WHERE seq = ?",
-                    [(e.record.seq,) for e in pubrels],
-                )
+                self._store.publish_again(e.record.seq for e in pubrels)
                 self._commit()
         if self._inflight:
             self._resend_inflight()
@@ -501,7 +473,7 @@ class OutboundLedger(pykka.ThreadingActor):
             # The broker has the PUBLISH; dying here re-sends it (DUP, same id) after restart.
             crash_point("after_publish_before_pubrec")
             entry.state = "pubrel"
-            self._states.append(("pubrel", entry.record.seq))
+            self._store.set_state(entry.record.seq, "pubrel")
             # The PUBREL leaves only after this state is committed (at the flush): a restart
             # must re-send the PUBREL, never the PUBLISH the broker has already released.
             self._pubrels_due.append(ack.packet_id)
@@ -522,72 +494,32 @@ class OutboundLedger(pykka.ThreadingActor):
                 ack.reason,
                 self._strategy,
             )
-            self._states.append(("failed", entry.record.seq))
+            self._store.set_state(entry.record.seq, "failed")
         else:
             # A PUBCOMP is the end of the exchange whatever its code: 0x92 "packet id not
             # found" means the broker completed it before (our PUBREL was a repeat).
             entry.state = "acked"
-            self._states.append(("acked", entry.record.seq))
+            self._store.set_state(entry.record.seq, "acked")
         self._schedule_flush()
 
-    def _write_states(self) -> None:
-        if self._states:
-            states, self._states = self._states, []
-            self._writes.append(
-                (
-                    "UPDATE outbound SET state = ?1, packet_id = "
-                    "CASE ?1 WHEN 'pubrel' THEN packet_id ELSE NULL END WHERE seq = ?2",
-                    states,
-                )
-            )
-
-    def _write(self, sql: str, rows: list[tuple]) -> None:
-        """A statement for the next commit, after the ack states decided before it."""
-        self._write_states()
-        self._writes.append((sql, rows))
-
     def _commit(self) -> bool:
-        """Execute the waiting writes and commit. False after a storage fault: rolled back,
-        the writes kept for the retry that is now scheduled."""
-        self._write_states()
+        """Write what waits and commit. False after a storage fault: rolled back, the writes
+        kept in the store for the retry that is now scheduled."""
+        assert self._store is not None
         try:
-            for sql, rows in self._writes:
-                self._db.executemany(sql, rows)
-            self._db.commit()
+            self._store.commit()
         except sqlite3.Error as error:
             if not is_storage_fault(error):
                 raise
-            self._storage_failed(error)
+            self._faults.failed(error, "forwarding waits (nothing leaves that is not recorded)")
             return False
-        self._writes.clear()
-        if self._storage_error is not None:
-            log.info("outbound ledger writes again (it failed with: %s)", self._storage_error)
-            self._storage_error = None
-            self._storage_backoff.reset()
+        self._faults.succeeded()
         return True
-
-    def _storage_failed(self, error: sqlite3.Error) -> None:
-        try:
-            self._db.rollback()
-        except sqlite3.Error:
-            pass  # SQLite may have rolled back already; the writes are still in the list
-        if self._storage_error is None:
-            log.error(
-                "outbound ledger cannot write %s: %s; forwarding waits (nothing leaves that is "
-                "not recorded), retrying with backoff",
-                self._path,
-                describe(error),
-            )
-        self._storage_error = describe(error)
-        if self._storage_timer is None:
-            self._storage_timer = self._clock.call_later(
-                self._storage_backoff.next_delay(), lambda: self._tell(_RetryStorage())
-            )
 
     def _schedule_flush(self) -> None:
         if not self._flush_pending:
             self._flush_pending = True
-            self._tell(_Flush())
+            tell_unless_dead(self.actor_ref, _Flush())
 
     def _flush(self) -> None:
         """After the acks that were waiting in the mailbox: commit, then act on them. An ack
@@ -595,7 +527,7 @@ class OutboundLedger(pykka.ThreadingActor):
         as PUBREL if 'pubrel' was committed, which the broker answers even for a finished
         exchange; QoS 1: a duplicate the `fxgate-key` property lets a consumer drop)."""
         self._flush_pending = False
-        if self._storage_timer is not None or not self._commit():
+        if self._faults.waiting or not self._commit():
             return  # the PUBRELs wait for their committed state (a retry is scheduled)
         due, self._pubrels_due = self._pubrels_due, []
         if due and self._connected and self._client is not None:
@@ -614,7 +546,7 @@ class OutboundLedger(pykka.ThreadingActor):
         current.generation += 1
         generation = current.generation
         current.timer = self._clock.call_later(
-            self._timeout, lambda: self._tell(_PackTimeout(generation))
+            self._timeout, lambda: tell_unless_dead(self.actor_ref, _PackTimeout(generation))
         )
 
     def _stop_timeout(self) -> None:
@@ -624,19 +556,13 @@ class OutboundLedger(pykka.ThreadingActor):
             current.timer = None
             current.generation += 1  # a timeout already in the mailbox is void
 
-    def _tell(self, message: object) -> None:
-        try:
-            self.actor_ref.tell(message)
-        except pykka.ActorDeadError:
-            pass
-
     def _on_timeout(self, message: _PackTimeout) -> None:
         current = self._current
         if current is None or message.generation != current.generation or current.done:
             return
         if not self._connected:
             return  # re-armed at the next SessionStarted
-        if self._storage_error is not None:
+        if self._faults.failing:
             # Nothing could be re-sent and recorded meanwhile: a storage fault is no failed try.
             self._arm_timeout()
             return
@@ -681,18 +607,13 @@ class OutboundLedger(pykka.ThreadingActor):
         entry.state = "dead"
         entry.reason = reason
         self.stats.dead += 1
-        self._write(
-            "INSERT INTO outbound (seq, packet_id, state, attempts, reason) "
-            "VALUES (?, NULL, 'dead', ?, ?) ON CONFLICT (seq) DO UPDATE SET packet_id = NULL, "
-            "state = 'dead', reason = excluded.reason",
-            [(entry.record.seq, entry.attempts, reason)],
-        )
+        self._store.give_up(entry.record.seq, entry.attempts, reason)
         self._commit()
         log.warning("message %s not forwarded: %s", entry.record.message_key, reason)
 
     def _forget(self, seqs: tuple[int, ...]) -> None:
         """The inbound ledger recorded these as done upstream: their rows here can go."""
-        self._write("DELETE FROM outbound WHERE seq = ?", [(s,) for s in seqs])
+        self._store.forget(seqs)
         self._commit()
         for seq in seqs:
             self._known.pop(seq, None)
@@ -704,6 +625,6 @@ class OutboundLedger(pykka.ThreadingActor):
             "connected": self._connected,
             "window": self._window,
             "in_flight": len(self._inflight),
-            "storage_error": self._storage_error,
+            "storage_error": self._faults.error,
             **dataclasses.asdict(self.stats),
         }

@@ -16,6 +16,7 @@ import pykka
 from actors.clock import Clock, TimerHandle
 from actors.ledger import LedgerRecord
 from actors.messages import Committed, Pack, PackSealed
+from actors.tell import tell_unless_dead
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +120,4 @@ class PackActor(pykka.ThreadingActor):
         self._generation += 1
 
     def _expire(self, generation: int) -> None:
-        try:
-            self.actor_ref.tell(_LingerExpired(generation))
-        except pykka.ActorDeadError:
-            pass
+        tell_unless_dead(self.actor_ref, _LingerExpired(generation))

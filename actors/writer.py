@@ -40,6 +40,7 @@ from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.crashpoints import crash_point, crash_soon
 from actors.messages import BatchWritten, Grant, Pack, PackSealed, ReplayBatch, WriterHealth
+from actors.tell import tell_unless_dead
 from persistence.keys import READ_KEYS
 from persistence.records import TABLE, ReaderCount
 from persistence.storage_faults import StorageUnavailable
@@ -55,6 +56,10 @@ if TYPE_CHECKING:
 # source connection need not wait for it (after a restart, ingest resumes first).
 
 log = logging.getLogger(__name__)
+
+# How long an ask of the ledger may take before the attempt counts as failed and is retried (the
+# ledger answers within milliseconds unless it is stuck; a batch is never lost by a retry).
+LEDGER_ASK_TIMEOUT = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,7 +200,8 @@ class SparkWriterActor(pykka.ThreadingActor):
                 self._generation += 1
                 generation = self._generation
                 self._deadline_timer = self._clock.call_later(
-                    self._batch_max_seconds, lambda: self._tell(_Deadline(generation))
+                    self._batch_max_seconds,
+                    lambda: tell_unless_dead(self.actor_ref, _Deadline(generation)),
                 )
         elif isinstance(message, _Deadline):
             if message.generation == self._generation:
@@ -224,12 +230,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         log.info("replaying batch %d (%d messages)", batch.batch_id, len(batch.records))
         self._write(batch)
 
-    def _tell(self, message: object) -> None:
-        try:
-            self.actor_ref.tell(message)
-        except pykka.ActorDeadError:
-            pass
-
     def _give_credit(self) -> None:
         """Top the ledger's credit up to `backlog_high` once no more than `backlog_low` of it
         is out (messages handed on and not yet written): a grant per batch, not per pack."""
@@ -257,9 +257,12 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._pending_bytes = 0
         records = tuple(r for p in packs for r in p.records)
         try:
-            batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get()
-        except StorageUnavailable as error:
-            # Nothing was recorded: the packs go back in front, to be batched again.
+            batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get(
+                timeout=LEDGER_ASK_TIMEOUT
+            )
+        except (StorageUnavailable, pykka.Timeout) as error:
+            # Nothing was recorded (or, after a timeout, perhaps an empty batch that a later
+            # begin empties: its rows move to the next one): the packs go back in front.
             self._pending = packs + self._pending
             self._pending_messages += len(records)
             self._pending_bytes += sum(len(r.payload) for r in records)
@@ -287,7 +290,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
         try:
             reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
-        except StorageUnavailable as error:
+        except (StorageUnavailable, pykka.Timeout) as error:
             self._schedule_retry(batch, error)
             return
         watchdog = self._clock.call_later(
@@ -310,8 +313,8 @@ class SparkWriterActor(pykka.ThreadingActor):
         events = written.get(EVENTS, 0)
         readers = self._count_readers(reads)
         try:
-            self._ledger.commit_batch(batch_id, rows, dead, readers).get()
-        except StorageUnavailable as error:
+            self._ledger.commit_batch(batch_id, rows, dead, readers).get(timeout=LEDGER_ASK_TIMEOUT)
+        except (StorageUnavailable, pykka.Timeout) as error:
             # The files are written but not recorded: the retry overwrites the same partitions.
             self._schedule_retry(batch, error)
             return
@@ -433,7 +436,9 @@ class SparkWriterActor(pykka.ThreadingActor):
             delay,
             len(batch.records) if batch is not None else messages or 0,
         )
-        self._retry_timer = self._clock.call_later(delay, lambda: self._tell(_Retry()))
+        self._retry_timer = self._clock.call_later(
+            delay, lambda: tell_unless_dead(self.actor_ref, _Retry())
+        )
         now = self._clock.wall()
         self._report(
             WriterHealth(
@@ -460,7 +465,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         import pyarrow as pa
 
         ids = reads.column("message_id").to_pylist()
-        owned = self._ledger.claim_reads(batch_id, ids).get()
+        owned = self._ledger.claim_reads(batch_id, ids).get(timeout=LEDGER_ASK_TIMEOUT)
         seen: set[str] = set()
         keep = []
         for read_id in ids:

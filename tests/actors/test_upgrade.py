@@ -14,10 +14,10 @@ import pytest
 from actors.clock import RealClock
 from actors.config.schema import load_config
 from actors.mqtt.upstream import IDEMPOTENCY_PROPERTY
-from actors.outbound import SCHEMA as OUTBOUND_SCHEMA
 from actors.supervisor import Supervisor
 from persistence.database import LEDGER_VERSION, OUTBOUND_VERSION
 from persistence.keys import message_key, read_id
+from persistence.outbound_store import SCHEMA as OUTBOUND_SCHEMA
 from spark.report import compare, landed_ids_spark
 from tests.actors.test_outbound import PUBLISH_LINE, forwarding_environ
 from tests.harness.checks import wait_until

@@ -122,6 +122,7 @@ def test_a_full_disk_at_commit_acks_nothing_until_space_returns_then_acks_every_
     faults, start_ledger, db_path, clock, caplog
 ):
     caplog.set_level(logging.INFO, logger="actors.ledger")
+    caplog.set_level(logging.INFO, logger="actors.storage_retry")
     ledger = start_ledger()
     listener = listen(ledger)
     acks = Acks()
@@ -533,6 +534,7 @@ def test_the_outbound_ledger_on_a_full_disk_sends_nothing_unrecorded_and_resumes
     faults, tmp_path, clock, caplog
 ):
     caplog.set_level(logging.INFO, logger="actors.outbound")
+    caplog.set_level(logging.INFO, logger="actors.storage_retry")
     path = tmp_path / "outbound.sqlite"
     writer = Inbox()
     ref = OutboundLedger.start(
