@@ -42,6 +42,9 @@ from actors.lifecycle_reasons import (
 from actors.messages import (
     Inbound,
     Publish,
+    SendAcks,
+    SendPublishes,
+    SendPubrels,
     SessionConnected,
     SessionDisconnected,
     SessionEnded,
@@ -49,6 +52,7 @@ from actors.messages import (
 )
 from actors.mqtt.client import EpochClient, LedgerClient
 from actors.mqtt.intake import IntakeGate, packet_size
+from actors.mqtt.relay import ConnectionRelay
 from actors.tell import tell_unless_dead
 
 log = logging.getLogger(__name__)
@@ -81,19 +85,22 @@ class ConnectionSettings:
     tls_insecure: bool = False  # no host name check: anyone on the path can pose as the broker
 
 
-def ledger_client_factory(
-    listener, intake: IntakeGate | None = None
-) -> Callable[[str, Callable[[], float]], EpochClient]:
-    """Source connections: every inbound PUBLISH/PUBREL goes to `listener` (the InboundLedger),
-    through `intake` if given (the ledger then reports each packet it takes to the same gate)."""
+ClientFactory = Callable[[str, Callable[[], float], pykka.ActorRef], EpochClient]
 
-    def make(client_id: str, monotonic: Callable[[], float]) -> EpochClient:
-        client: LedgerClient | None = None
+
+def ledger_client_factory(listener, intake: IntakeGate | None = None) -> ClientFactory:
+    """Source connections: every inbound PUBLISH/PUBREL goes to `listener` (the InboundLedger),
+    through `intake` if given (the ledger then reports each packet it takes to the same gate),
+    with a relay to the connection's actor for its acknowledgements (one thread writes to the
+    client: actors.mqtt.relay)."""
+
+    def make(client_id: str, monotonic: Callable[[], float], owner: pykka.ActorRef):
+        relay = ConnectionRelay(owner)
 
         def forward(packet) -> None:
             if intake is not None:
                 intake.admit(packet_size(packet))
-            listener.tell(Inbound(packet, client))
+            listener.tell(Inbound(packet, relay))
 
         client = LedgerClient(client_id, forward, forward, monotonic)
         if intake is not None:
@@ -225,7 +232,7 @@ class ConnectionActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         s = self._s
-        client = self._client_factory(s.client_id, self._clock.monotonic)
+        client = self._client_factory(s.client_id, self._clock.monotonic, self.actor_ref)
         if s.username is not None:
             client.username_pw_set(s.username, s.password)
         client.on_connect = self._on_connect
@@ -369,6 +376,12 @@ class ConnectionActor(pykka.ThreadingActor):
                     log.error("%s: subscription to %s refused: %s", self._s.name, topic, reason)
                 else:
                     log.info("%s: subscribed to %s (%s)", self._s.name, topic, reason)
+        elif isinstance(message, SendAcks):
+            self._client.send_acks(message.epoch, message.acks)
+        elif isinstance(message, SendPublishes):
+            self._client.send_publishes(message.epoch, message.messages)
+        elif isinstance(message, SendPubrels):
+            self._client.send_pubrels(message.epoch, message.packet_ids)
         elif isinstance(message, Publish):
             self._publish(message)
         elif isinstance(message, _TlsError):

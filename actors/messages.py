@@ -16,7 +16,8 @@ from persistence.records import LedgerRecord, ReaderCount
 if TYPE_CHECKING:
     import pykka
 
-    from actors.mqtt.client import InboundPublish, InboundPubrel
+    from actors.mqtt.client import AckKind, InboundPublish, InboundPubrel
+    from actors.mqtt.upstream import OutboundPublish
 
 
 # -- connections -> their listener (the ledger, the outbound ledger) ---------------------------
@@ -55,6 +56,33 @@ class Inbound:
 
     packet: InboundPublish | InboundPubrel
     acks: object  # actors.mqtt.client.AckSender
+
+
+# -- the ledgers -> the connection that owns the paho client (actors.mqtt.relay) ------------
+
+
+@dataclass(frozen=True, slots=True)
+class SendAcks:
+    """PUBACK / PUBREC / PUBCOMP for packets of the connection of `epoch`, in order."""
+
+    epoch: int
+    acks: tuple[tuple[AckKind, int], ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SendPublishes:
+    """PUBLISHes whose state is committed, for the connection of `epoch`."""
+
+    epoch: int
+    messages: tuple[OutboundPublish, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SendPubrels:
+    """PUBRELs whose `pubrel` state is committed, for the connection of `epoch`."""
+
+    epoch: int
+    packet_ids: tuple[int, ...]
 
 
 # -- the inbound ledger and its sinks ----------------------------------------------------------

@@ -21,7 +21,7 @@ waits for its retry, new packs wait behind it, which keeps batches in order.
 A ledger that cannot write (StorageUnavailable: disk full) is waited out the same way: a batch it
 could not begin goes back in front of the pending packs, and one whose commit it could not record
 is written again (the same partitions, overwritten) and committed at the retry. Each failure is a
-log line and a `WriterHealth` handed to `on_health` (status, /healthz); the first success after
+log line and a `WriterHealth` reported to the listener (status, /healthz); the first success after
 failures is one line more.
 """
 
@@ -39,6 +39,7 @@ import pykka
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.crashpoints import crash_point, crash_soon
+from actors.listener import WriterListener
 from actors.messages import BatchWritten, Grant, Pack, PackSealed, ReplayBatch, WriterHealth
 from actors.tell import tell_unless_dead
 from persistence.keys import READ_KEYS
@@ -85,7 +86,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         batch_max_seconds: float = 2.0,
         batch_max_bytes: int = 8 * 1024 * 1024,
         processing_timeout: float = 20.0,
-        on_batch: Callable[[BatchWritten], None] | None = None,
+        listener: WriterListener | None = None,
         idempotency_key: str = "payload_hash",
         table_writer: Callable[[object, Path | str], TableWriter] | None = None,
         retry_backoff: Backoff | None = None,
@@ -93,7 +94,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         backlog_low: int = 50_000,
         backlog_high_bytes: int = 64 * 1024 * 1024,
         events_filter: str | None = None,
-        on_health: Callable[[WriterHealth], None] | None = None,
         max_payload_bytes: int = 1024 * 1024,
         max_reads_per_message: int = 10_000,
         readers: dict[str, ReaderCount] | None = None,
@@ -112,7 +112,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._batch_max_seconds = batch_max_seconds
         self._batch_max_bytes = batch_max_bytes
         self._processing_timeout = processing_timeout
-        self._on_batch = on_batch
+        self._listener = listener or WriterListener()
         self._read_key = READ_KEYS[idempotency_key]
         # Payload-hash ids are unique per stored message already; field ids need claims.
         self._claim_reads = idempotency_key != "payload_hash"
@@ -139,7 +139,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._tables: TableWriter | None = None
         self.last_batch: BatchWritten | None = None
         self.failures = 0
-        self._on_health = on_health
         self._health = WriterHealth()
         # While a retry is due, nothing else is written: batches stay in order. Set whenever
         # `_failed` is, and also for a batch the ledger could not begin (no `_failed` then).
@@ -357,8 +356,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             dead,
             result.seconds,
         )
-        if self._on_batch is not None:
-            self._on_batch(result)
+        self._listener.batch_written(result)
 
     def _count_readers(self, reads: pa.Table) -> dict[str, ReaderCount]:
         """The counters of the readers in `reads` after its events, in arrival order (the
@@ -454,8 +452,7 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     def _report(self, health: WriterHealth) -> None:
         self._health = health
-        if self._on_health is not None:
-            self._on_health(health)
+        self._listener.writer_health(health)
 
     def health(self) -> WriterHealth:
         return self._health

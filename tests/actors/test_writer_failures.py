@@ -17,6 +17,7 @@ from actors.app.metrics import HealthThresholds, StatusBoard
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
 from actors.ledger import InboundLedger
+from actors.listener import WriterListener
 from actors.messages import PackSealed, WriterHealth
 from actors.writer import SparkWriterActor
 from spark.report import landed_ids_arrow
@@ -87,6 +88,16 @@ def ledger(tmp_path, clock):
         ref.stop()
 
 
+class HealthTo(WriterListener):
+    """A writer listener that tells every health report to an inbox."""
+
+    def __init__(self, inbox: Inbox) -> None:
+        self.inbox = inbox
+
+    def writer_health(self, health) -> None:
+        self.inbox.tell(health)
+
+
 @pytest.fixture
 def start_writer(spark_session, clock, tmp_path):
     started = []
@@ -102,7 +113,7 @@ def start_writer(spark_session, clock, tmp_path):
             table_writer=tables,
             batch_max_seconds=1.0,
             retry_backoff=backoff or Backoff(1.0, 60.0, 0.0),
-            on_health=health.tell,
+            listener=HealthTo(health),
         )
         started.append(ref)
         return ref
