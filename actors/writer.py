@@ -40,11 +40,12 @@ from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.crashpoints import crash_point, crash_soon
 from actors.listener import WriterListener
-from actors.messages import BatchWritten, Grant, Pack, PackSealed, ReplayBatch, WriterHealth
+from actors.messages import BatchWritten, Grant, PackSealed, ReplayBatch, WriterHealth
 from actors.tell import tell_unless_dead
 from persistence.keys import READ_KEYS
 from persistence.records import TABLE, ReaderCount
 from persistence.storage_faults import StorageUnavailable
+from spark.batching import BatchCollector
 from spark.location import local_path
 
 if TYPE_CHECKING:
@@ -108,9 +109,8 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._tables_dir = tables_dir
         self._session_factory = session_factory
         self._session_closer = session_closer
-        self._batch_max_rows = batch_max_rows
         self._batch_max_seconds = batch_max_seconds
-        self._batch_max_bytes = batch_max_bytes
+        self._pending = BatchCollector(batch_max_rows, batch_max_bytes)
         self._processing_timeout = processing_timeout
         self._listener = listener or WriterListener()
         self._read_key = READ_KEYS[idempotency_key]
@@ -129,9 +129,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         # Bigger payloads, or more events in one, are dead-lettered (spark.zebra limits).
         self._max_payload_bytes = max_payload_bytes
         self._max_reads = max_reads_per_message
-        self._pending: list[Pack] = []
-        self._pending_messages = 0
-        self._pending_bytes = 0
         self._deadline_timer: TimerHandle | None = None
         self._generation = 0
         self._failed: ReplayBatch | None = None  # waiting for its retry (`_retry_timer`)
@@ -187,13 +184,7 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     def on_receive(self, message: object) -> None:
         if isinstance(message, PackSealed):
-            self._pending.append(message.pack)
-            self._pending_messages += len(message.pack.records)
-            self._pending_bytes += sum(len(r.payload) for r in message.pack.records)
-            if (
-                self._pending_messages >= self._batch_max_rows
-                or self._pending_bytes >= self._batch_max_bytes
-            ):
+            if self._pending.add(message.pack):
                 self._flush()
             elif self._deadline_timer is None:
                 self._generation += 1
@@ -252,8 +243,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._generation += 1
         if not self._pending or self._retry_timer is not None:
             return
-        packs, self._pending, self._pending_messages = self._pending, [], 0
-        self._pending_bytes = 0
+        packs = self._pending.take()
         records = tuple(r for p in packs for r in p.records)
         try:
             batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get(
@@ -262,9 +252,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         except (StorageUnavailable, pykka.Timeout) as error:
             # Nothing was recorded (or, after a timeout, perhaps an empty batch that a later
             # begin empties: its rows move to the next one): the packs go back in front.
-            self._pending = packs + self._pending
-            self._pending_messages += len(records)
-            self._pending_bytes += sum(len(r.payload) for r in records)
+            self._pending.put_back(packs)
             self._schedule_retry(None, error, len(records))
             return
         crash_point("after_batch_begin_before_job")
