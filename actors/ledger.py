@@ -752,6 +752,19 @@ class InboundLedger(pykka.ThreadingActor):
             )
         self._schedule_read(sink)
 
+    def settle(self) -> dict[str, int | None]:
+        """At a graceful stop, before the sinks stop: commit, and hand each sink all it owes
+        now (within its credit) rather than a chunk per turn. Returns where each feed stands
+        (None: caught up); what is left waits for the next start."""
+        self._commit()
+        for sink, feed in self._feeds.items():
+            while sink in self._targets and not feed.caught_up and feed.has_credit:
+                before = feed.next_seq
+                self._read_back(sink)
+                if feed.next_seq == before:
+                    break  # nothing more could be handed on now
+        return {sink: feed.next_seq for sink, feed in self._feeds.items()}
+
     # -- the disk budget --------------------------------------------------------------------
 
     def _check_budget(self, force: bool = False) -> None:

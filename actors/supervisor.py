@@ -358,7 +358,10 @@ class Supervisor(WriterListener):
             if lifecycle is not None and lifecycle.is_alive():
                 lifecycle.proxy().status().get(timeout=ASK_TIMEOUT)  # its mailbox is worked off
             if ledger is not None and ledger.is_alive():
-                ledger.proxy().stats().get(timeout=ASK_TIMEOUT)  # and the event is committed
+                # The event is committed, and every row the table's feed owes is handed to the
+                # packs (within the writer's credit) before they stop: a graceful stop lands
+                # what the ledger holds, not only what happened to be handed on already.
+                ledger.proxy().settle().get(timeout=ASK_TIMEOUT)
         except (pykka.ActorDeadError, pykka.Timeout):
             log.warning("the last life-cycle event may land only at the next start")
 

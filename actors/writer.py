@@ -145,11 +145,12 @@ class SparkWriterActor(pykka.ThreadingActor):
     # -- life cycle -------------------------------------------------------------------------
 
     def on_start(self) -> None:
+        # First, before even importing pyspark (a second or more): the ledger feeds the packs
+        # while the Spark session starts, they wait here within the credit, and a stop that
+        # comes meanwhile still lands them (the supervisor settles the ledger first).
+        self._give_credit()
         from spark.tables import TableWriter, clean_staging
 
-        # First, so that the ledger feeds the packs while the Spark session starts (seconds):
-        # they wait here, within the credit, and the first batch goes as soon as it can.
-        self._give_credit()
         if self._table_writer is None:
             self._table_writer = TableWriter
         # A remote location (hdfs://, s3a://) keeps its leftovers: readers ignore them anyway.

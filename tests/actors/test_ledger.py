@@ -525,3 +525,20 @@ def test_without_forwarding_a_start_clears_what_an_earlier_run_owed_upstream(sta
 )
 def test_seqs_become_runs_of_consecutive_numbers(seqs, runs):
     assert ledger_store.seq_runs(seqs) == runs
+
+
+def test_settle_hands_each_sink_all_it_owes_at_once_within_its_credit(
+    start_ledger, db_path, monkeypatch
+):
+    """At a graceful stop the table's sink must get everything now, not a chunk per turn
+    (the packs stop next)."""
+    monkeypatch.setattr(ledger_actor, "READ_BACK_CHUNK", 2)
+    ledger = start_ledger()
+    listener = listen(ledger, credit=0)
+    acks = RecordingAcks(db_path)
+    for pid in range(1, 8):
+        ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
+    acks.wait_for(7)
+    ledger.tell(Grant(TABLE, 5, 10**9))
+    assert ledger.proxy().settle().get(timeout=5) == {TABLE: 6, UPSTREAM: None}
+    assert [r.payload for r in listener.records] == [b"m%d" % pid for pid in range(1, 6)]

@@ -137,7 +137,7 @@ def test_sigusr1_logs_every_actor_threads_stack_and_the_daemon_keeps_running(
     daemon.wait_for_log(r"source: subscribed to zebra/fx/\+/reads", timeout=60)
     mark = daemon.mark()
     os.kill(daemon.pid, signal.SIGUSR1)
-    daemon.wait_for_log(r"WARNING actors\.daemon: stack dump \(SIGUSR1\)", after=mark)
+    daemon.wait_for_log(r"WARNING actors\.app\.daemon: stack dump \(SIGUSR1\)", after=mark)
     for actor in ("InboundLedger", "PackActor", "ConnectionActor", "SparkWriterActor"):
         daemon.wait_for_log(rf"stack of thread {actor}-\d+ ", timeout=10, after=mark)
     assert daemon.proc.poll() is None
