@@ -831,12 +831,7 @@ class InboundLedger(pykka.ThreadingActor):
                 loose,
                 upstream.messages,
             )
-        return Recovery(open_batches, loose, next_pack_id, upstream.messages, readers)
-
-    def records(self, seqs: Sequence[int]) -> tuple[LedgerRecord, ...]:
-        """Stored rows by seq, in seq order."""
-        assert self._store is not None
-        return self._store.records(seqs)
+        return Recovery(open_batches, loose, next_pack_id, readers)
 
     def begin_batch(self, packs: Sequence[tuple[int, Sequence[int]]]) -> int:
         """Record a batch and the packs (pack id, row seqs) it holds, before its Spark job."""

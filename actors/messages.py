@@ -104,7 +104,6 @@ class Recovery:
     open_batches: tuple[tuple[int, tuple[LedgerRecord, ...]], ...]
     loose: int
     next_pack_id: int
-    owed_upstream: int = 0
     readers: Mapping[str, ReaderCount] = field(default_factory=dict)
 
 
