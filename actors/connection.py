@@ -178,9 +178,7 @@ class _TlsErrorHandler(logging.Handler):
         args = record.args if isinstance(record.args, tuple) else ()
         error = next((a for a in args if isinstance(a, ssl.SSLError)), None)
         if error is not None:
-            tell_unless_dead(
-                self.actor_ref, _TlsError(self._client.epoch, describe_tls_error(error))
-            )
+            self._tell(_TlsError(self._client.epoch, describe_tls_error(error)))
 
 
 @dataclass(frozen=True)
@@ -283,7 +281,9 @@ class ConnectionActor(pykka.ThreadingActor):
         # certificate refuses it only then) as a plain lost connection; its log keeps the cause.
         # A logger of our own, outside the logging tree, so nothing else sees paho's records.
         paho_log = logging.Logger(f"{__name__}.paho.{s.name}", logging.ERROR)
-        paho_log.addHandler(_TlsErrorHandler(client, self._tell))
+        paho_log.addHandler(
+            _TlsErrorHandler(client, lambda message: tell_unless_dead(self.actor_ref, message))
+        )
         client.enable_logger(paho_log)
 
     def _tls_failed(self, epoch: int, cause: str) -> None:

@@ -147,11 +147,12 @@ class StoreLocal:
 
 @dataclass(frozen=True, slots=True)
 class Grant:
-    """From a sink to the ledger: it can take this many more records and payload bytes."""
+    """From a sink to the ledger: it takes up to `limit` records and `limit_bytes` payload bytes
+    in all, counted since its feed began (a window, actors.feed)."""
 
     sink: str
-    messages: int
-    bytes: int
+    limit: int
+    limit_bytes: int
 
 
 # -- packs -------------------------------------------------------------------------------------

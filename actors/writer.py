@@ -121,9 +121,11 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._backlog_high = backlog_high
         self._backlog_low = backlog_low
         self._backlog_high_bytes = backlog_high_bytes
-        # Credit given to the ledger and not yet given back by a written batch.
-        self._credit_messages = 0
-        self._credit_bytes = 0
+        # The ledger's window (actors.feed): what it fed us and we wrote, and the limits granted.
+        self._written = 0
+        self._written_bytes = 0
+        self._limit = 0
+        self._limit_bytes = 0
         # Records on topics matching this filter are life-cycle events: `events` table.
         self._events_filter = events_filter
         # Bigger payloads, or more events in one, are dead-lettered (spark.zebra limits).
@@ -222,20 +224,18 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._write(batch)
 
     def _give_credit(self) -> None:
-        """Top the ledger's credit up to `backlog_high` once no more than `backlog_low` of it
-        is out (messages handed on and not yet written): a grant per batch, not per pack."""
-        if self._credit_messages > self._backlog_low:
-            return
+        """Open the ledger's window (actors.feed) to `backlog_high` messages and
+        `backlog_high_bytes` beyond what is written, once no more than `backlog_low` of either
+        (bytes in proportion) is still open: a grant per batch or so, not per pack."""
         low_bytes = self._backlog_high_bytes * self._backlog_low // max(self._backlog_high, 1)
-        if self._credit_bytes > low_bytes and self._credit_messages > 0:
+        if (
+            self._limit - self._written > self._backlog_low
+            and self._limit_bytes - self._written_bytes > low_bytes
+        ):
             return
-        messages = self._backlog_high - self._credit_messages
-        size = self._backlog_high_bytes - self._credit_bytes
-        if messages <= 0 or size <= 0:
-            return
-        self._credit_messages += messages
-        self._credit_bytes += size
-        self._ledger.actor_ref.tell(Grant(TABLE, messages, size))
+        self._limit = self._written + self._backlog_high
+        self._limit_bytes = self._written_bytes + self._backlog_high_bytes
+        self._ledger.actor_ref.tell(Grant(TABLE, self._limit, self._limit_bytes))
 
     def _flush(self) -> None:
         if self._deadline_timer is not None:
@@ -307,8 +307,8 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._schedule_retry(batch, error)
             return
         if batch.credited:
-            self._credit_messages -= len(records)
-            self._credit_bytes -= sum(len(r.payload) for r in records)
+            self._written += len(records)
+            self._written_bytes += sum(len(r.payload) for r in records)
             self._give_credit()
         if self.failures:
             log.info(

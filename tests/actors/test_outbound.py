@@ -291,18 +291,21 @@ def records_of(count, start=1, size=100, topic="zebra/fx/r1/reads"):
 
 
 class FakeLedger(Inbox):
-    """The inbound ledger as tier 2 sees it: it feeds records from its log as credit allows."""
+    """The inbound ledger as tier 2 sees it: it feeds records from its log up to the window's
+    limits (actors.feed), a payload's bytes allowed to overshoot by one record."""
 
     def __init__(self, log=()):
         super().__init__()
         self.log = list(log)
         self.buffer = None
-        self.credit = 0
+        self.limit = self.limit_bytes = self.handed = self.handed_bytes = 0
 
     def tell(self, message):
         super().tell(message)
         if isinstance(message, Grant):
-            self.credit += message.messages
+            with self.cond:
+                self.limit = max(self.limit, message.limit)
+                self.limit_bytes = max(self.limit_bytes, message.limit_bytes)
             self._feed()
 
     def connect(self, buffer):
@@ -313,8 +316,12 @@ class FakeLedger(Inbox):
         with self.cond:
             if self.buffer is None:
                 return
-            taken, self.log = self.log[: self.credit], self.log[self.credit :]
-            self.credit -= len(taken)
+            taken = []
+            while self.log and self.handed < self.limit and self.handed_bytes < self.limit_bytes:
+                record = self.log.pop(0)
+                self.handed += 1
+                self.handed_bytes += record.size
+                taken.append(record)
         if taken:
             self.buffer.tell(Committed(tuple(taken)))
 
@@ -332,15 +339,16 @@ def test_a_long_outage_keeps_tier2_within_its_caps_and_never_pauses_the_source(t
     try:
         ledger.connect(buffer)
         outbound.proxy().set_buffer(buffer).get(timeout=5)
-        # The first pack went to the outbound ledger (unsent: no connection); tier 2 holds the
-        # next 100 and asks tier 1 for no more: the rest waits there.
-        assert wait_until(lambda: buffer.proxy().status().get(timeout=5)["tier2_messages"] == 100)
+        # Tier 2 took its cap of 100 and handed the first pack of 10 to the outbound ledger
+        # (unsent: no connection); it takes more only at its low watermark, so the rest waits
+        # in tier 1.
+        assert wait_until(lambda: buffer.proxy().status().get(timeout=5)["tier2_messages"] == 90)
         # An hour of outage on the clock: pack timeouts come and go, nothing is lost or sent.
         for _ in range(180):
             clock.advance(20.0)
         status = buffer.proxy().status().get(timeout=5)
-        assert (status["tier2_messages"], status["tier2_peak_messages"]) == (100, 100)
-        assert len(ledger.log) == 30
+        assert (status["tier2_messages"], status["tier2_peak_messages"]) == (90, 100)
+        assert len(ledger.log) == 40
         assert not [m for m in ledger.messages if type(m).__name__ in ("Pause", "Resume")]
 
         client = AckingClient()
@@ -358,6 +366,31 @@ def test_a_long_outage_keeps_tier2_within_its_caps_and_never_pauses_the_source(t
 
 def _reports(messages):
     return [m for m in messages if isinstance(m, Forwarded)]
+
+
+def test_a_byte_cap_that_binds_first_never_stalls_the_feed():
+    """Payloads of 100 bytes under a 1,000-byte cap: the bytes run out long before the message
+    cap. Each pack handed out must open the window again (an additive credit stalled here)."""
+    ledger, outbound = FakeLedger(records_of(95)), Inbox()
+    buffer = TierTwoBuffer.start(
+        outbound,
+        ledger,
+        (Route(0, "zebra/fx/+/reads"),),
+        max_messages=100,
+        max_bytes=1000,
+        low_watermark=0.5,
+        pack_size=10,
+    )
+    try:
+        ledger.connect(buffer)
+        for round_ in range(1, 11):
+            buffer.tell(Demand())
+            outbound.wait_for(round_)
+        packs = [m.pack for m in outbound.messages]
+        assert [r.seq for p in packs for r in p.records] == list(range(1, 96))
+        assert buffer.proxy().status().get(timeout=5)["tier2_peak_messages"] <= 10
+    finally:
+        buffer.stop()
 
 
 def test_tier2_hands_the_outbound_full_packs_from_a_backlog_and_a_trickle_at_once():

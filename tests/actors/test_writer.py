@@ -195,8 +195,9 @@ def test_new_packs_wait_behind_a_failed_batch_and_follow_it_in_order(ledger, clo
 def test_the_writer_takes_only_its_credit_and_a_failing_spark_leaves_the_rest_in_the_ledger(
     ledger, clock, tmp_path
 ):
-    """The ledger is the buffer: while a batch fails, the writer grants nothing more, the rows
-    wait in the ledger (not in memory), and the source is acknowledged all the same."""
+    """The ledger is the buffer: the writer's window is `backlog_high` beyond what it wrote;
+    while a batch fails it opens no further, the rest waits in the ledger (not in memory), and
+    the source is acknowledged all the same."""
     tables = ScriptedTables(["fail", "ok"])
     writer = start_writer(
         ledger,
@@ -212,21 +213,39 @@ def test_the_writer_takes_only_its_credit_and_a_failing_spark_leaves_the_rest_in
         return ledger.proxy().stats().get(timeout=5)["feeds"]["table"]
 
     try:
-        assert wait_until(lambda: table_feed()["credit_messages"] == 4)
-        pack = stored_pack(ledger, 8)  # its own credit of 8 on top: 8 handed, 4 left
-        writer.tell(PackSealed(Pack(1, pack.records[:4])))
+        assert wait_until(lambda: table_feed()["limit"] == 4)
+        pack = stored_pack(ledger, 3)
+        writer.tell(PackSealed(pack))
         assert clock.wait_for_timers(1)
-        clock.advance(1.0)  # batch 1 fails and waits 5 s for its retry
+        clock.advance(1.0)  # the batch fails and waits 5 s for its retry
         tables.wait_calls(1)
         writer.proxy().failures.get(timeout=5)
-        assert table_feed()["credit_messages"] == 4  # nothing more was granted
+        assert table_feed()["limit"] == 4  # nothing more was granted
         stats = ledger.proxy().stats().get(timeout=5)
-        assert stats["paused_by"] == [] and stats["accepted"] == 8
-        clock.advance(5.0)  # the retry succeeds: its 4 messages' credit comes back
+        assert stats["paused_by"] == [] and stats["accepted"] == 3
+        clock.advance(5.0)  # the retry lands it: the window opens past what is written
         tables.wait_calls(2)
-        assert wait_until(lambda: table_feed()["credit_messages"] == 8)
+        assert wait_until(lambda: table_feed()["limit"] == 3 + 4)
     finally:
         writer.stop()
+
+
+def test_a_window_spent_in_bytes_is_opened_again_even_with_messages_left():
+    """An additive credit once stalled both sides: the bytes ran out while message credit was
+    still out. The window's limits move on with what was written, whichever ran out."""
+    from actors.feed import Feed
+    from persistence.records import LedgerRecord
+
+    feed = Feed(TABLE)
+    feed.grant(100, 250)
+    records = [LedgerRecord(n, f"k{n}", "t", b"x" * 100, 1, 0.0) for n in range(1, 6)]
+    handed = feed.offer(records)
+    assert [r.seq for r in handed] == [1, 2, 3]  # the third overshoots the bytes: then stop
+    assert not feed.has_credit and feed.messages == 97
+    feed.grant(3 + 100, 300 + 250)  # the sink: written 3 (300 bytes) + its high marks
+    assert feed.has_credit
+    feed.grant(50, 50)  # a late, smaller grant changes nothing
+    assert (feed.limit, feed.limit_bytes) == (103, 550)
 
 
 def test_a_batch_is_also_bounded_by_payload_bytes(ledger, clock, tmp_path):
