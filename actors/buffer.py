@@ -1,7 +1,7 @@
 """TierTwoBuffer: the bounded in-memory queue between the ledger and the upstream connection.
 
 Tier 1 is the inbound ledger: every message is durable there before it is acknowledged, and the
-upstream's feed reads it in seq order (persistence.inbound_ledger). Tier 2 takes from that feed
+upstream's feed reads it in seq order (actors.ledger). Tier 2 takes from that feed
 only what fits under its caps (message count and payload bytes): it grants the ledger credit for
 the room it has, and grants again as packs leave. While the upstream is away tier 2 fills, the
 feed stops, and the rest waits in tier 1 on disk — in order, however long the outage, without
@@ -21,15 +21,12 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from dataclasses import dataclass
 
 import pykka
 
 from actors.clock import Clock
-from actors.feed import Grant
-from actors.pack import Pack, PackSealed
-from actors.routes import Route, route_for
-from persistence.inbound_ledger import Committed, Forwarded
+from actors.config.routes import Route, route_for
+from actors.messages import Committed, Demand, Forwarded, Grant, Pack, PackSealed
 from persistence.records import UPSTREAM, LedgerRecord
 
 log = logging.getLogger(__name__)
@@ -37,11 +34,6 @@ log = logging.getLogger(__name__)
 OVERFLOW_DROPPED = "overflow_dropped"
 # Tier 2 filling up is said once, then at most once per this many seconds (on the clock).
 FULL_LOG_SECONDS = 60.0
-
-
-@dataclass(frozen=True, slots=True)
-class Demand:
-    """From the OutboundLedger: it can take one more pack."""
 
 
 class TierTwoBuffer(pykka.ThreadingActor):
@@ -72,9 +64,12 @@ class TierTwoBuffer(pykka.ThreadingActor):
         self._queue: deque[LedgerRecord] = deque()
         self._messages = 0
         self._bytes = 0
-        # Credit granted to the ledger and not yet used (the records it covers are on the way).
-        self._granted_messages = 0
-        self._granted_bytes = 0
+        # The credit window (actors.feed): what the ledger has handed us since we started, and
+        # the limits we last granted.
+        self._received = 0
+        self._received_bytes = 0
+        self._limit = 0
+        self._limit_bytes = 0
         self._demand = 0
         self._next_pack_id = 1
         self._clock = clock
@@ -102,8 +97,8 @@ class TierTwoBuffer(pykka.ThreadingActor):
     def _take(self, records: tuple[LedgerRecord, ...]) -> None:
         dropped: list[LedgerRecord] = []
         for record in records:
-            self._granted_messages -= 1
-            self._granted_bytes -= record.size
+            self._received += 1
+            self._received_bytes += record.size
             if not self._room_for(record):
                 if self._droppable(record) and self._overflow == "drop_new":
                     dropped.append(record)
@@ -130,7 +125,6 @@ class TierTwoBuffer(pykka.ThreadingActor):
             self._demand -= 1
             self._outbound.tell(PackSealed(Pack(pack_id, tuple(records))))
 
-
     def _account(self, record: LedgerRecord, sign: int) -> None:
         self._messages += sign
         self._bytes += sign * record.size
@@ -138,23 +132,28 @@ class TierTwoBuffer(pykka.ThreadingActor):
     # -- credit -----------------------------------------------------------------------------
 
     def _grant(self) -> None:
-        """Grant the ledger what fits under the caps beyond what is held and on the way; once
-        full, only again at the low watermark (a grant per message would cost a turn of the
-        ledger each). At a full cap, QoS 0 that may be dropped is still taken (see module)."""
-        room_messages = self._max_messages - self._messages - max(self._granted_messages, 0)
-        room_bytes = self._max_bytes - self._bytes - max(self._granted_bytes, 0)
-        if self._messages >= self._max_messages or self._bytes >= self._max_bytes:
+        """Open the ledger's window to what fits under the caps beside what is held: limits of
+        records and bytes received so far plus the room left. Records on their way count as
+        received once they come; the limits only grow, a pack handed out opens them by its
+        size. At a full cap, QoS 0 that may be dropped is still taken (see module)."""
+        room = max(self._max_messages - self._messages, 0)
+        room_bytes = max(self._max_bytes - self._bytes, 0)
+        overflow = False
+        if not room or not room_bytes:
             self._note_full()
-            self._grant_overflow()
-            return
-        if room_messages <= 0 or room_bytes <= 0:
-            return  # what fits is promised already
-        waiting = self._granted_messages > 0
-        if waiting and self._fill(room_messages, room_bytes) > self._low:
-            return  # enough credit is out already
-        self._granted_messages += room_messages
-        self._granted_bytes += room_bytes
-        self._ledger.tell(Grant(UPSTREAM, room_messages, room_bytes))
+            if not self._persist_qos0:
+                droppable = [r for r in self._queue if self._droppable(r)]
+                room += len(droppable)
+                room_bytes += sum(r.size for r in droppable)
+                overflow = bool(droppable)
+        closed = self._limit <= self._received or self._limit_bytes <= self._received_bytes
+        if closed and not overflow and self._fill() > self._low:
+            return  # once full, take again from the low watermark: fewer, larger reads
+        limit, limit_bytes = self._received + room, self._received_bytes + room_bytes
+        if limit > self._limit or limit_bytes > self._limit_bytes:
+            self._limit = max(self._limit, limit)
+            self._limit_bytes = max(self._limit_bytes, limit_bytes)
+            self._ledger.tell(Grant(UPSTREAM, self._limit, self._limit_bytes))
 
     def _note_full(self) -> None:
         """A line when tier 2 fills, then at most one a minute: while a backlog drains it fills
@@ -174,26 +173,8 @@ class TierTwoBuffer(pykka.ThreadingActor):
             self._fills,
         )
 
-    def _grant_overflow(self) -> None:
-        """At a full cap: credit for as many messages as the droppable ones held could make
-        room for, so that QoS 0 keeps flowing at most once instead of waiting in tier 1."""
-        if self._persist_qos0 or self._granted_messages > 0:
-            return
-        droppable = [r for r in self._queue if self._droppable(r)]
-        if droppable:
-            count, size = len(droppable), sum(r.size for r in droppable)
-            self._granted_messages += count
-            self._granted_bytes += size
-            self._ledger.tell(Grant(UPSTREAM, count, size))
-
-    def _fill(self, room_messages: int | None = None, room_bytes: int | None = None) -> float:
-        """How full tier 2 is: by what it holds, or (with the rooms) by what it has promised."""
-        if room_messages is None or room_bytes is None:
-            return max(self._messages / self._max_messages, self._bytes / self._max_bytes)
-        return max(
-            1 - room_messages / self._max_messages,
-            1 - room_bytes / self._max_bytes,
-        )
+    def _fill(self) -> float:
+        return max(self._messages / self._max_messages, self._bytes / self._max_bytes)
 
     def _room_for(self, record: LedgerRecord) -> bool:
         # A payload larger than the byte cap still passes, alone: it would block the feed.
@@ -224,7 +205,7 @@ class TierTwoBuffer(pykka.ThreadingActor):
             "tier2_messages": self._messages,
             "tier2_bytes": self._bytes,
             "tier2_peak_messages": self.peak_messages,
-            "credit_out": max(self._granted_messages, 0),
+            "credit_out": max(self._limit - self._received, 0),
             "dropped_qos0": self.dropped_qos0,
             "fills": self._fills,
         }

@@ -32,16 +32,28 @@ from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
-from actors.config import read_password_file
-from actors.intake import IntakeGate, packet_size
-from actors.lifecycle import SessionConnected, SessionDisconnected
+from actors.config.schema import read_password_file
 from actors.lifecycle_reasons import (
     LocalCause,
     connack_refusal_reason,
     disconnection_reason,
     reason_from_paho_disconnect,
 )
-from actors.mqtt_client import EpochClient, InboundPublish, InboundPubrel, LedgerClient
+from actors.messages import (
+    Inbound,
+    Publish,
+    SendAcks,
+    SendPublishes,
+    SendPubrels,
+    SessionConnected,
+    SessionDisconnected,
+    SessionEnded,
+    SessionStarted,
+)
+from actors.mqtt.client import EpochClient, LedgerClient
+from actors.mqtt.intake import IntakeGate, packet_size
+from actors.mqtt.relay import ConnectionRelay
+from actors.tell import tell_unless_dead
 
 log = logging.getLogger(__name__)
 
@@ -73,54 +85,22 @@ class ConnectionSettings:
     tls_insecure: bool = False  # no host name check: anyone on the path can pose as the broker
 
 
-@dataclass(frozen=True, slots=True)
-class SessionStarted:
-    """Told to the listener at each CONNACK. Without a session present the broker has forgotten
-    every packet id of ours; `receive_maximum` is how many QoS 1/2 messages it takes in flight."""
-
-    epoch: int
-    session_present: bool
-    receive_maximum: int = 65535
+ClientFactory = Callable[[str, Callable[[], float], pykka.ActorRef], EpochClient]
 
 
-@dataclass(frozen=True, slots=True)
-class SessionEnded:
-    """Told to the listener when the connection of `epoch` is gone."""
-
-    epoch: int
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class Publish:
-    """A message of the gateway's own (a life-cycle event) to publish on this connection."""
-
-    topic: str
-    payload: bytes
-    qos: int
-
-
-@dataclass(frozen=True, slots=True)
-class Inbound:
-    """A packet from the source connection, with the way back for its acknowledgement."""
-
-    packet: InboundPublish | InboundPubrel
-    acks: object  # actors.mqtt_client.AckSender
-
-
-def ledger_client_factory(
-    listener, intake: IntakeGate | None = None
-) -> Callable[[str, Callable[[], float]], EpochClient]:
+def ledger_client_factory(listener, intake: IntakeGate | None = None) -> ClientFactory:
     """Source connections: every inbound PUBLISH/PUBREL goes to `listener` (the InboundLedger),
-    through `intake` if given (the ledger then reports each packet it takes to the same gate)."""
+    through `intake` if given (the ledger then reports each packet it takes to the same gate),
+    with a relay to the connection's actor for its acknowledgements (one thread writes to the
+    client: actors.mqtt.relay)."""
 
-    def make(client_id: str, monotonic: Callable[[], float]) -> EpochClient:
-        client: LedgerClient | None = None
+    def make(client_id: str, monotonic: Callable[[], float], owner: pykka.ActorRef):
+        relay = ConnectionRelay(owner)
 
         def forward(packet) -> None:
             if intake is not None:
                 intake.admit(packet_size(packet))
-            listener.tell(Inbound(packet, client))
+            listener.tell(Inbound(packet, relay))
 
         client = LedgerClient(client_id, forward, forward, monotonic)
         if intake is not None:
@@ -250,7 +230,7 @@ class ConnectionActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         s = self._s
-        client = self._client_factory(s.client_id, self._clock.monotonic)
+        client = self._client_factory(s.client_id, self._clock.monotonic, self.actor_ref)
         if s.username is not None:
             client.username_pw_set(s.username, s.password)
         client.on_connect = self._on_connect
@@ -301,7 +281,9 @@ class ConnectionActor(pykka.ThreadingActor):
         # certificate refuses it only then) as a plain lost connection; its log keeps the cause.
         # A logger of our own, outside the logging tree, so nothing else sees paho's records.
         paho_log = logging.Logger(f"{__name__}.paho.{s.name}", logging.ERROR)
-        paho_log.addHandler(_TlsErrorHandler(client, self._tell))
+        paho_log.addHandler(
+            _TlsErrorHandler(client, lambda message: tell_unless_dead(self.actor_ref, message))
+        )
         client.enable_logger(paho_log)
 
     def _tls_failed(self, epoch: int, cause: str) -> None:
@@ -344,22 +326,15 @@ class ConnectionActor(pykka.ThreadingActor):
     def _lifecycle_tell(self, message: object) -> None:
         if self._lifecycle is None:
             return
-        try:
-            self._lifecycle.tell(message)
-        except pykka.ActorDeadError:
+        if not tell_unless_dead(self._lifecycle, message):
             log.warning("%s: life-cycle actor gone, event dropped: %r", self._s.name, message)
 
     # -- paho callbacks: network thread, translate only -------------------------------------
 
-    def _tell(self, message: object) -> None:
-        try:
-            self.actor_ref.tell(message)
-        except pykka.ActorDeadError:
-            pass
-
     def _on_connect(self, client, _userdata, flags, reason_code, properties) -> None:
         receive_maximum = getattr(properties, "ReceiveMaximum", None) or 65535
-        self._tell(
+        tell_unless_dead(
+            self.actor_ref,
             _Connected(
                 client.epoch,
                 str(reason_code),
@@ -367,21 +342,23 @@ class ConnectionActor(pykka.ThreadingActor):
                 flags.session_present,
                 receive_maximum,
                 connack_refusal_reason(reason_code) if reason_code.is_failure else "",
-            )
+            ),
         )
 
     def _on_disconnect(self, client, _userdata, flags, reason_code, _properties) -> None:
-        self._tell(
+        tell_unless_dead(
+            self.actor_ref,
             _Disconnected(
                 client.epoch, str(reason_code), reason_from_paho_disconnect(flags, reason_code)
-            )
+            ),
         )
 
     def _on_subscribe(self, _client, _userdata, _mid, reason_codes, _properties) -> None:
-        self._tell(
+        tell_unless_dead(
+            self.actor_ref,
             _Subscribed(
                 tuple(str(r) for r in reason_codes), tuple(r.is_failure for r in reason_codes)
-            )
+            ),
         )
 
     # -- messages ---------------------------------------------------------------------------
@@ -399,6 +376,12 @@ class ConnectionActor(pykka.ThreadingActor):
                     log.error("%s: subscription to %s refused: %s", self._s.name, topic, reason)
                 else:
                     log.info("%s: subscribed to %s (%s)", self._s.name, topic, reason)
+        elif isinstance(message, SendAcks):
+            self._client.send_acks(message.epoch, message.acks)
+        elif isinstance(message, SendPublishes):
+            self._client.send_publishes(message.epoch, message.messages)
+        elif isinstance(message, SendPubrels):
+            self._client.send_pubrels(message.epoch, message.packet_ids)
         elif isinstance(message, Publish):
             self._publish(message)
         elif isinstance(message, _TlsError):
@@ -552,7 +535,9 @@ class ConnectionActor(pykka.ThreadingActor):
         log.info(
             "%s: reconnecting in %.2f s (attempt %d)", self._s.name, delay, self._backoff.attempt
         )
-        self._timer = self._clock.call_later(delay, lambda: self._tell(_Reconnect()))
+        self._timer = self._clock.call_later(
+            delay, lambda: tell_unless_dead(self.actor_ref, _Reconnect())
+        )
 
     def _cancel_timer(self) -> None:
         if self._timer is not None:

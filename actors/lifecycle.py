@@ -43,7 +43,9 @@ import pykka
 from actors.clock import Clock
 from actors.crashpoints import crash_point
 from actors.lifecycle_reasons import LocalCause, disconnection_reason
-from persistence.database import LIFECYCLE_VERSION, SYNCHRONOUS, connect_sqlite
+from actors.messages import ClientInfo, ClientsConfigured, SessionConnected, SessionDisconnected
+from persistence.database import SYNCHRONOUS
+from persistence.lifecycle_store import ClientRow, LifecycleStore
 from persistence.storage_faults import StorageUnavailable, describe, is_storage_fault
 
 if TYPE_CHECKING:  # actors.connection tells this module's messages: no import cycle at run time
@@ -60,67 +62,9 @@ CLIENT_DELETED = TYPE_PREFIX + "MQTTClientDeleted"
 # How many emitted events `events()` keeps for `fxgate status`; the durable record is the sinks'.
 RECENT_EVENTS = 256
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS clients (
-    client_id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,                 -- the connection's role: source | upstream
-    authentication_name TEXT NOT NULL,
-    host TEXT NOT NULL,
-    port INTEGER NOT NULL,
-    fingerprint TEXT NOT NULL,
-    created_on REAL NOT NULL,
-    updated_on REAL NOT NULL,
-    sequence_number INTEGER NOT NULL DEFAULT 0,
-    state TEXT NOT NULL,                -- configured | connected | disconnected
-    session_name TEXT,
-    last_reason TEXT,
-    last_event_time REAL
-);
-CREATE TABLE IF NOT EXISTS outbox (
-    position INTEGER NOT NULL,          -- emission order
-    sink TEXT NOT NULL,                 -- the sink that has not taken it yet
-    event TEXT NOT NULL,                -- the CloudEvent as JSON
-    PRIMARY KEY (position, sink)
-);
-"""
-
 
 class EventSink(Protocol):
     def tell(self, message: dict) -> object: ...
-
-
-@dataclass(frozen=True, slots=True)
-class ClientInfo:
-    """One configured connection as the life-cycle events describe it (no secrets)."""
-
-    name: str  # source | upstream
-    client_id: str
-    authentication_name: str  # the username, or the client id when anonymous
-    host: str
-    port: int
-    fingerprint: str  # changes whenever the connection's configuration does
-
-
-@dataclass(frozen=True, slots=True)
-class ClientsConfigured:
-    """Told once at start with every configured connection."""
-
-    clients: tuple[ClientInfo, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionConnected:
-    client_id: str
-    session_name: str
-    epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class SessionDisconnected:
-    client_id: str
-    session_name: str
-    epoch: int
-    reason: str  # one of Event Grid's disconnection reasons, mapped by the caller
 
 
 def client_info(settings: ConnectionSettings) -> ClientInfo:
@@ -184,7 +128,7 @@ class LifecycleActor(pykka.ThreadingActor):
         self._next_position = 1
         self._source = source
         self._durability = durability
-        self._db: sqlite3.Connection | None = None
+        self._store: LifecycleStore | None = None
         self._clients: dict[str, _Client] = {}
         # The epoch of the connect each client's current session began with. Epochs restart at 1
         # in every process, so this is memory only: a persisted epoch could match a new process's
@@ -196,16 +140,26 @@ class LifecycleActor(pykka.ThreadingActor):
 
     def on_start(self) -> None:
         # Opened here, not in __init__: sqlite3 connections refuse threads other than their own.
-        self._db = connect_sqlite(
-            self._path, self._durability, SCHEMA, LIFECYCLE_VERSION, table="clients"
-        )
-        for row in self._db.execute(
-            "SELECT client_id, name, authentication_name, host, port, fingerprint, created_on,"
-            " updated_on, sequence_number, state, session_name, last_reason, last_event_time"
-            " FROM clients"
-        ):
-            info = ClientInfo(row[1], row[0], row[2], row[3], row[4], row[5])
-            self._clients[info.client_id] = _Client(info, *row[6:])
+        self._store = LifecycleStore(self._path, self._durability)
+        for row in self._store.clients():
+            info = ClientInfo(
+                row.name,
+                row.client_id,
+                row.authentication_name,
+                row.host,
+                row.port,
+                row.fingerprint,
+            )
+            self._clients[info.client_id] = _Client(
+                info,
+                row.created_on,
+                row.updated_on,
+                row.sequence_number,
+                row.state,
+                row.session_name,
+                row.last_reason,
+                row.last_event_time,
+            )
         log.info("lifecycle store open at %s: %d client(s) known", self._path, len(self._clients))
         self._hand_on_outbox()
         self._end_sessions_left_open()
@@ -228,9 +182,9 @@ class LifecycleActor(pykka.ThreadingActor):
                 )
 
     def on_stop(self) -> None:
-        if self._db is not None:
-            self._db.close()
-            self._db = None
+        if self._store is not None:
+            self._store.close()
+            self._store = None
         log.info("lifecycle store closed")
 
     def on_receive(self, message: object) -> None:
@@ -285,7 +239,7 @@ class LifecycleActor(pykka.ThreadingActor):
                     "clientAuthenticationName": client.info.authentication_name,
                 },
                 client.info,
-                change=("DELETE FROM clients WHERE client_id = ?", (client_id,)),
+                change=client_id,
             )
         for info in configured:
             client = self._clients.get(info.client_id)
@@ -309,7 +263,7 @@ class LifecycleActor(pykka.ThreadingActor):
                     "attributes": {"role": info.name, "host": info.host, "port": info.port},
                 },
                 info,
-                change=self._save(client),
+                change=self._row(client),
             )
 
     # -- sessions -----------------------------------------------------------------------------
@@ -356,7 +310,7 @@ class LifecycleActor(pykka.ThreadingActor):
             data["disconnectionReason"] = reason
         subject = f"clients/{client.info.client_id}/sessions/{session_name}"
         # Committed with the event, before any sink sees the number (module docstring).
-        self._emit(event_type, subject, data, client.info, now, change=self._save(client))
+        self._emit(event_type, subject, data, client.info, now, change=self._row(client))
 
     def _client(self, client_id: str) -> _Client:
         client = self._clients.get(client_id)
@@ -373,28 +327,23 @@ class LifecycleActor(pykka.ThreadingActor):
     # -- storage and sinks --------------------------------------------------------------------
 
     @staticmethod
-    def _save(client: _Client) -> tuple[str, tuple]:
-        """The statement that records `client` as it is now."""
+    def _row(client: _Client) -> ClientRow:
+        """`client` as it is now, as the store keeps it."""
         i = client.info
-        return (
-            "INSERT OR REPLACE INTO clients (client_id, name, authentication_name, host, port,"
-            " fingerprint, created_on, updated_on, sequence_number, state, session_name,"
-            " last_reason, last_event_time) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                i.client_id,
-                i.name,
-                i.authentication_name,
-                i.host,
-                i.port,
-                i.fingerprint,
-                client.created_on,
-                client.updated_on,
-                client.sequence_number,
-                client.state,
-                client.session_name,
-                client.last_reason,
-                client.last_event_time,
-            ),
+        return ClientRow(
+            i.client_id,
+            i.name,
+            i.authentication_name,
+            i.host,
+            i.port,
+            i.fingerprint,
+            client.created_on,
+            client.updated_on,
+            client.sequence_number,
+            client.state,
+            client.session_name,
+            client.last_reason,
+            client.last_event_time,
         )
 
     def _emit(
@@ -405,7 +354,7 @@ class LifecycleActor(pykka.ThreadingActor):
         info: ClientInfo,
         now: float | None = None,
         *,
-        change: tuple[str, tuple],
+        change: ClientRow | str,
     ) -> None:
         event = {
             "specversion": "1.0",
@@ -417,17 +366,12 @@ class LifecycleActor(pykka.ThreadingActor):
             "datacontenttype": "application/json",
             "data": data,
         }
-        assert self._db is not None
+        assert self._store is not None
         position = self._next_position
         self._next_position += 1
-        text = json.dumps(event)
         try:
-            with self._db:  # the client's new state and its event: one transaction
-                self._db.execute(*change)
-                self._db.executemany(
-                    "INSERT INTO outbox (position, sink, event) VALUES (?, ?, ?)",
-                    [(position, name, text) for name in self._sinks],
-                )
+            # The client's new state and its event: one transaction.
+            self._store.record(change, position, self._sinks, json.dumps(event))
         except sqlite3.Error as error:
             if not is_storage_fault(error):
                 raise
@@ -472,12 +416,9 @@ class LifecycleActor(pykka.ThreadingActor):
                     type(error).__name__,
                 )
                 continue
-            assert self._db is not None
+            assert self._store is not None
             try:
-                with self._db:
-                    self._db.execute(
-                        "DELETE FROM outbox WHERE position = ? AND sink = ?", (position, name)
-                    )
+                self._store.taken(position, name)
             except sqlite3.Error as error:
                 if not is_storage_fault(error):
                     raise
@@ -488,11 +429,9 @@ class LifecycleActor(pykka.ThreadingActor):
 
     def _hand_on_outbox(self) -> None:
         """At start: what a crash (or a sink that was gone) left in the outbox, in order."""
-        assert self._db is not None
+        assert self._store is not None
         owed: dict[int, tuple[dict, list[str]]] = {}
-        for position, name, text in self._db.execute(
-            "SELECT position, sink, event FROM outbox ORDER BY position, sink"
-        ):
+        for position, name, text in self._store.outbox():
             self._next_position = max(self._next_position, position + 1)
             owed.setdefault(position, (json.loads(text), []))[1].append(name)
         gone = {n for _, names in owed.values() for n in names} - set(self._sinks)
@@ -500,8 +439,7 @@ class LifecycleActor(pykka.ThreadingActor):
             # A sink of an earlier configuration (say, the MQTT publisher, now that events go
             # upstream): the events table holds them through the ledger's sink either way.
             log.warning("lifecycle: events owed to sinks no longer configured dropped: %s", gone)
-            with self._db:
-                self._db.executemany("DELETE FROM outbox WHERE sink = ?", [(n,) for n in gone])
+            self._store.drop_sinks(gone)
         if owed:
             log.warning("lifecycle: handing on %d event(s) stored before the last stop", len(owed))
         for position, (event, names) in owed.items():

@@ -3,10 +3,10 @@
 LedgerEventSink: life-cycle events become messages in the inbound ledger.
 
 Stored there, an event travels the data path a read travels: packed, forwarded upstream on its
-own topic when forwarding is on (an implicit route, actors.routes.lifecycle_route), and landed
-in the `events` table by the Spark writer. So it gets the same exactly-once guarantees without
-a second publisher or a second writer: the ledger's idempotency key (topic + payload, and the
-payload holds the event's unique `id`) keeps a repeated hand-over from storing it twice.
+own topic when forwarding is on (an implicit route, actors.config.routes.lifecycle_route), and
+landed in the `events` table by the Spark writer. So it gets the same exactly-once guarantees
+without a second publisher or a second writer: the ledger's idempotency key (topic + payload, and
+the payload holds the event's unique `id`) keeps a repeated hand-over from storing it twice.
 
 SourceEventSink: without an upstream there is no durable way out, so each event is published on
 the source connection (QoS 1) for subscribers on the source broker. paho keeps it in memory until
@@ -22,9 +22,8 @@ import threading
 
 import pykka
 
-from actors.connection import Publish
-from actors.routes import lifecycle_topic
-from persistence.inbound_ledger import StoreLocal
+from actors.config.routes import lifecycle_topic
+from actors.messages import Publish, StoreLocal
 
 log = logging.getLogger(__name__)
 

@@ -14,24 +14,11 @@ from dataclasses import dataclass
 import pykka
 
 from actors.clock import Clock, TimerHandle
-from persistence.inbound_ledger import Committed, LedgerRecord
+from actors.ledger import LedgerRecord
+from actors.messages import Committed, Pack, PackSealed
+from actors.tell import tell_unless_dead
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class Pack:
-    pack_id: int
-    records: tuple[LedgerRecord, ...]
-
-    @property
-    def seqs(self) -> tuple[int, ...]:
-        return tuple(r.seq for r in self.records)
-
-
-@dataclass(frozen=True, slots=True)
-class PackSealed:
-    pack: Pack
 
 
 class PackAssembler:
@@ -133,7 +120,4 @@ class PackActor(pykka.ThreadingActor):
         self._generation += 1
 
     def _expire(self, generation: int) -> None:
-        try:
-            self.actor_ref.tell(_LingerExpired(generation))
-        except pykka.ActorDeadError:
-            pass
+        tell_unless_dead(self.actor_ref, _LingerExpired(generation))

@@ -20,21 +20,24 @@ import pykka
 
 from actors.buffer import TierTwoBuffer
 from actors.clock import Clock
-from actors.config import Config
+from actors.config.routes import Route, lifecycle_filter, lifecycle_route, route_for
+from actors.config.schema import Config
 from actors.connection import ConnectionActor, ConnectionSettings, ledger_client_factory
-from actors.intake import IntakeGate
-from actors.lifecycle import ClientsConfigured, LifecycleActor, client_info
+from actors.ledger import InboundLedger
+from actors.lifecycle import LifecycleActor, client_info
 from actors.lifecycle_sink import LedgerEventSink, SourceEventSink
+from actors.listener import WriterListener
+from actors.messages import BatchWritten, ClientsConfigured, ReplayBatch, TakeReplays, WriterHealth
+from actors.mqtt.intake import IntakeGate
+from actors.mqtt.relay import ConnectionRelay
+from actors.mqtt.upstream import UpstreamClient
+from actors.outbound import OutboundLedger
 from actors.pack import PackActor
-from actors.routes import Route, lifecycle_filter, lifecycle_route, route_for
-from actors.upstream_client import UpstreamClient
+from actors.writer import SparkWriterActor
 from persistence.disk_budget import DiskBudget
-from persistence.inbound_ledger import InboundLedger, TakeReplays
-from persistence.outbound_ledger import OutboundLedger
 from persistence.permissions import private_directory
 from persistence.records import ReaderCount
 from persistence.replay import pending_requests
-from spark.writer import BatchWritten, ReplayBatch, SparkWriterActor, WriterHealth
 
 log = logging.getLogger(__name__)
 
@@ -100,11 +103,12 @@ def upstream_settings(config: Config, environ=None) -> ConnectionSettings:
 
 
 def upstream_client_factory(outbound: pykka.ActorRef):
-    """The upstream client reports every ack to the outbound ledger and is handed to it."""
+    """The upstream client reports every ack to the outbound ledger, which sends through a
+    relay to the connection's actor (one thread writes to the client: actors.mqtt.relay)."""
 
-    def make(client_id: str, monotonic):
+    def make(client_id: str, monotonic, owner: pykka.ActorRef):
         client = UpstreamClient(client_id, outbound.tell, monotonic)
-        outbound.proxy().set_client(client)
+        outbound.proxy().set_client(ConnectionRelay(owner))
         return client
 
     return make
@@ -126,7 +130,7 @@ def spark_session_factory(config: Config):
     return make
 
 
-class Supervisor:
+class Supervisor(WriterListener):
     def __init__(
         self,
         config: Config,
@@ -154,8 +158,8 @@ class Supervisor:
         self.rows_written = 0
         self.dead_letters_written = 0
         self.events_written = 0
-        self.batch_written = threading.Condition(self._batch_lock)
-        self.writer_health: WriterHealth | None = None  # latest, from the writer's thread
+        self._landed = threading.Condition(self._batch_lock)
+        self._health: WriterHealth | None = None  # the writer's latest, from its thread
         # Each reader's event-number counters (this gateway's intake), as of the last batch.
         self.readers: dict[str, ReaderCount] = {}
 
@@ -232,13 +236,12 @@ class Supervisor:
                 batch_max_seconds=cfg.spark.batch_max_seconds,
                 batch_max_bytes=cfg.spark.batch_max_bytes,
                 processing_timeout=cfg.packs.processing_timeout_seconds,
-                on_batch=self._on_batch,
+                listener=self,
                 idempotency_key=cfg.ledger.idempotency_key,
                 backlog_high=cfg.spark.backlog_high_messages,
                 backlog_low=cfg.spark.backlog_low_messages,
                 backlog_high_bytes=cfg.spark.backlog_high_bytes,
                 events_filter=lifecycle_filter(cfg.lifecycle.topic, cfg.identity.environment_id),
-                on_health=self._on_writer_health,
                 max_payload_bytes=cfg.spark.max_payload_bytes,
                 max_reads_per_message=cfg.spark.max_reads_per_message,
                 readers=dict(recovery.readers),
@@ -355,7 +358,10 @@ class Supervisor:
             if lifecycle is not None and lifecycle.is_alive():
                 lifecycle.proxy().status().get(timeout=ASK_TIMEOUT)  # its mailbox is worked off
             if ledger is not None and ledger.is_alive():
-                ledger.proxy().stats().get(timeout=ASK_TIMEOUT)  # and the event is committed
+                # The event is committed, and every row the table's feed owes is handed to the
+                # packs (within the writer's credit) before they stop: a graceful stop lands
+                # what the ledger holds, not only what happened to be handed on already.
+                ledger.proxy().settle().get(timeout=ASK_TIMEOUT)
         except (pykka.ActorDeadError, pykka.Timeout):
             log.warning("the last life-cycle event may land only at the next start")
 
@@ -379,27 +385,27 @@ class Supervisor:
             if not ref.is_alive():
                 raise ActorCrashed(f"actor {name} died; see the traceback above")
 
-    def _on_writer_health(self, health: WriterHealth) -> None:
+    def writer_health(self, health: WriterHealth) -> None:
         # Pushed by the writer rather than asked: a Spark job can hold its thread for seconds.
         with self._batch_lock:
-            self.writer_health = health
+            self._health = health
 
-    def _on_batch(self, batch: BatchWritten) -> None:
-        with self.batch_written:
+    def batch_written(self, batch: BatchWritten) -> None:
+        with self._landed:
             self.last_batch = batch
             self.batches_written += 1
             self.rows_written += batch.rows
             self.dead_letters_written += batch.dead_letters
             self.events_written += batch.events
             self.readers.update((r.reader_id, r) for r in batch.readers)
-            self.batch_written.notify_all()
+            self._landed.notify_all()
 
     def wait_for_landed(
         self, rows: int, dead_letters: int = 0, timeout: float = 60.0, events: int = 0
     ) -> bool:
         """Block until at least this many rows, dead letters and events are in the tables."""
-        with self.batch_written:
-            return self.batch_written.wait_for(
+        with self._landed:
+            return self._landed.wait_for(
                 lambda: (
                     self.rows_written >= rows
                     and self.dead_letters_written >= dead_letters
@@ -441,8 +447,8 @@ class Supervisor:
                 for reader_id, c in sorted(self.readers.items())
             }
             out["last_batch"] = asdict(self.last_batch) if self.last_batch else None
-            if self.writer_health is not None:
-                out["spark"] = asdict(self.writer_health)
+            if self._health is not None:
+                out["spark"] = asdict(self._health)
         out["wall_time"] = self.clock.wall()
         out["pid"] = os.getpid()
         return out

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import psutil
 
-from actors.config import LedgerConfig
-from actors.simulate import TagEventGenerator
+from actors.config.schema import LedgerConfig
+from actors.devtools.simulate import TagEventGenerator
 from bench import machine
 from bench.diagnostics import fsync_latency, receive_maximum_overshoot
 from bench.harness import (

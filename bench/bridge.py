@@ -34,7 +34,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from actors.mosquitto import MosquittoProcess
+from actors.devtools.mosquitto import MosquittoProcess
 from persistence.keys import message_key
 
 READERS_TOPIC = "zebra/fx/+/reads"

@@ -47,9 +47,9 @@ import psutil
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from actors.daemon import STATUS_FILE
-from actors.mosquitto import MosquittoProcess
-from actors.simulate import simulate
+from actors.app.daemon import STATUS_FILE
+from actors.devtools.mosquitto import MosquittoProcess
+from actors.devtools.simulate import simulate
 from bench.benchmarks import (
     Benchmark,
     Context,
@@ -108,7 +108,7 @@ def publisher_main(argv: list[str]) -> int:
     import paho.mqtt.client as mqtt
     from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-    from actors.simulate import TagEventGenerator, reader_names
+    from actors.devtools.simulate import TagEventGenerator, reader_names
 
     parser = argparse.ArgumentParser(prog="python -m bench.forward publish")
     parser.add_argument("host")

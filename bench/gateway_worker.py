@@ -14,7 +14,7 @@ its status file every second and its Spark writer — with two differences, both
    network thread, and when the ledger hands paho the N-th final ack (PUBACK at QoS 1, PUBCOMP at
    QoS 2; each leaves only after the row, or the release, is committed). The baseline subscriber
    measures between the same two points. The probe adds a counter increment per ack. And on
-   `Supervisor._on_batch`: when each Spark batch committed, with its rows.
+   `Supervisor.batch_written`: when each Spark batch committed, with its rows.
 
 Commands arrive as JSON lines on stdin; each answer is one stdout line starting with `RESULT `
 (the JVM shares stdout, so anything else there is ignored by the bench). Logs go to stderr.
@@ -34,10 +34,10 @@ from pathlib import Path
 
 import psutil
 
+from actors.app.daemon import Gateway, configure_logging
 from actors.clock import RealClock
-from actors.config import load_config
-from actors.daemon import Gateway, configure_logging
-from actors.mqtt_client import AckKind, LedgerClient
+from actors.config.schema import load_config
+from actors.mqtt.client import AckKind, LedgerClient
 from actors.supervisor import Supervisor
 
 log = logging.getLogger("bench.gateway_worker")
@@ -149,14 +149,14 @@ PROBE = Probe()
 
 def install_probe() -> None:
     send_acks = LedgerClient.send_acks
-    on_batch = Supervisor._on_batch
+    on_batch = Supervisor.batch_written
 
     def timed_on_batch(self, batch):
         # The writer's thread, once per committed batch: when its rows became visible.
         PROBE.batches.append((time.monotonic(), batch.rows))
         return on_batch(self, batch)
 
-    Supervisor._on_batch = timed_on_batch
+    Supervisor.batch_written = timed_on_batch
 
     def counted_send_acks(self, epoch, acks):
         sent = send_acks(self, epoch, acks)

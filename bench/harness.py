@@ -34,8 +34,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from actors.mosquitto import MosquittoProcess
-from actors.simulate import simulate
+from actors.devtools.mosquitto import MosquittoProcess
+from actors.devtools.simulate import simulate
 
 log = logging.getLogger(__name__)
 

@@ -40,8 +40,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow.dataset as ds
 
-from actors.config import load_config
-from actors.simulate import reader_names
+from actors.config.schema import load_config
+from actors.devtools.simulate import reader_names
 from bench.benchmarks import Benchmark, Context, alternate, fxgate_sample
 from bench.harness import (
     FXGATE_CLIENT_ID,

@@ -34,7 +34,7 @@ import matplotlib.ticker
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
-from actors.simulate import expected_read_ids, simulate
+from actors.devtools.simulate import expected_read_ids, simulate
 from bench.benchmarks import Benchmark, Context
 from bench.bridge import READERS_TOPIC, BridgeBroker, UpstreamCollector
 from bench.harness import PUBLISHING_READERS, BenchError, fresh_broker, fxgate_env

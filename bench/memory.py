@@ -40,9 +40,9 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from actors.mosquitto import MosquittoProcess
-from actors.simulate import SimulationResult, expected_read_ids, simulate
-from actors.upstream_client import IDEMPOTENCY_PROPERTY
+from actors.devtools.mosquitto import MosquittoProcess
+from actors.devtools.simulate import SimulationResult, expected_read_ids, simulate
+from actors.mqtt.upstream import IDEMPOTENCY_PROPERTY
 from bench.benchmarks import Benchmark, Context
 from bench.harness import READERS_TOPIC, BenchError, LoadMeter
 from spark.report import Comparison, compare, landed_ids_arrow

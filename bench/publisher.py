@@ -50,7 +50,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from actors.simulate import DEFAULT_TOPIC_TEMPLATE, TagEventGenerator, format_reader_timestamp
+from actors.devtools.simulate import (
+    DEFAULT_TOPIC_TEMPLATE,
+    TagEventGenerator,
+    format_reader_timestamp,
+)
 from persistence.keys import message_key
 
 PREFIX = "PUB "

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from actors.simulate import PublishedRecord, simulate
+from actors.devtools.simulate import PublishedRecord, simulate
 from bench.benchmarks import Benchmark, Context
 from bench.harness import (
     FXGATE_CLIENT_ID,

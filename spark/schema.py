@@ -25,8 +25,8 @@ from typing import Protocol
 
 import pyarrow as pa
 
-from actors.routes import topic_matches
 from persistence.keys import ReadKey, payload_hash_read_id
+from spark.topics import reader_id_from_topic, safe_reader_id, topic_matches, topic_problem
 from spark.zebra import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_READS,
@@ -34,9 +34,6 @@ from spark.zebra import (
     PayloadError,
     TagRead,
     parse_payload,
-    reader_id_from_topic,
-    safe_reader_id,
-    topic_problem,
 )
 
 log = logging.getLogger(__name__)
@@ -163,7 +160,7 @@ def build_batch(
 ) -> BatchTables:
     """Parse every record: one `reads` row per tag read, one `dead_letters` row per bad message,
     and one `events` row per message on a topic matching `events_filter` (the life-cycle topics,
-    actors.routes.lifecycle_filter; None: no record is an event).
+    actors.config.routes.lifecycle_filter; None: no record is an event).
 
     Rows come in record order, then read order within a message, so the same records always give
     identical tables. `read_key` names each read (its `message_id`; persistence.keys.READ_KEYS).

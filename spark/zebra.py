@@ -23,13 +23,14 @@ that is safe as a file name or a partition value.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import accumulate
+
+from spark.topics import show
 
 DEFAULT_MAX_BYTES = 1024 * 1024
 DEFAULT_MAX_READS = 10_000
@@ -38,8 +39,6 @@ DEFAULT_MAX_READS = 10_000
 # the json decoder can never decide a message's fate: which messages are too deep must not depend
 # on how deep the calling thread happens to be.
 MAX_NESTING = 512
-# MQTT 5 §1.5.4: a UTF-8 string has a two-byte length.
-MAX_TOPIC_BYTES = 65535
 
 # Reason codes: stored in dead_letters.reason and counted by operators, so they never change.
 OVERSIZED = "oversized"  # payload over max_bytes; checked before any decoding
@@ -85,7 +84,6 @@ _BRACKET_STEP = [1 if b in b"[{" else -1 for b in range(256)]
 # local-time conversion gave year 0).
 _EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 _LATEST = datetime(3000, 1, 1, tzinfo=UTC)
-_DETAIL_VALUE_CHARS = 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,83 +143,6 @@ def parse_payload(
     raise PayloadError(NOT_A_TAG_EVENT, f"top level is {_json_type(doc)}, not an object or array")
 
 
-def reader_id_from_topic(topic: str) -> str:
-    """The reader a topic belongs to: `<reader>` in `zebra/fx/<reader>/reads`.
-
-    In general the second-to-last level (readers publish `.../<reader>/<stream>`); a one-level
-    topic, or one whose second-to-last level is empty, is its own reader id.
-    """
-    levels = topic.split("/")
-    if len(levels) < 2 or not levels[-2]:
-        return topic
-    return levels[-2]
-
-
-def topic_problem(topic: str) -> str | None:
-    """Why `topic` cannot be stored and forwarded as it is, or None when it can.
-
-    A broker checks topics for its clients, but a broker is not the only way in (replayed files,
-    a non-conforming broker), and a topic that is not a valid MQTT topic name would break what
-    relies on it: NUL separates topic and payload in the idempotency key (persistence.keys), a
-    lone surrogate cannot be written to a UTF-8 column, a wildcard or an over-long name cannot be
-    published upstream.
-    """
-    if not topic:
-        return "the topic is empty"
-    if "\x00" in topic:
-        return f"topic {_show(topic)} holds NUL (U+0000), which MQTT 5 forbids"
-    if "+" in topic or "#" in topic:
-        return f"topic {_show(topic)} holds a wildcard ('+' or '#'), not allowed in a topic name"
-    try:
-        size = len(topic.encode("utf-8"))
-    except UnicodeEncodeError:
-        return f"topic {_show(topic)} is not valid UTF-8 (a lone surrogate)"
-    if size > MAX_TOPIC_BYTES:
-        return f"topic of {size} bytes is longer than MQTT allows ({MAX_TOPIC_BYTES})"
-    return None
-
-
-# Kept as they are in a safe name: what no file system, URI or Hive partition path treats
-# specially. Everything else is %XX-escaped byte by byte (UTF-8), as Hive escapes partition
-# values, so the name can be read back with urllib.parse.unquote.
-_SAFE_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._")
-MAX_SAFE_NAME_BYTES = 200
-_HASH_HEX_DIGITS = 32
-
-
-def safe_reader_id(reader: str) -> str:
-    """`reader` as a name that is safe as a file name, a path component or a partition value.
-
-    Names made of letters, digits, '-', '.' and '_' (what FX9600 readers are called) come back
-    unchanged. Otherwise every other byte of the UTF-8 form becomes %XX (reversible with
-    `urllib.parse.unquote`), and so does a leading '.' or '_' (Spark and pyarrow skip such paths
-    as hidden): the result is ASCII, holds no '/', '\\', NUL or control character, and is never
-    '.' or '..'. A name longer than MAX_SAFE_NAME_BYTES once escaped keeps its first part and
-    ends in '~' and 32 hex digits of its sha256: unique, but no longer reversible ('~' marks it,
-    since an escaped name never holds one). An empty reader becomes '%', which no other name
-    escapes to.
-    """
-    if not reader:
-        return "%"
-    if reader.isascii() and all(c in _SAFE_CHARS for c in reader) and reader[0] not in "._":
-        escaped = reader
-    else:
-        raw = reader.encode("utf-8", "surrogatepass")
-        escaped = "".join(
-            chr(b) if chr(b) in _SAFE_CHARS and (i > 0 or chr(b) not in "._") else f"%{b:02X}"
-            for i, b in enumerate(raw)
-        )
-    if len(escaped) <= MAX_SAFE_NAME_BYTES:
-        return escaped
-    digest = hashlib.sha256(reader.encode("utf-8", "surrogatepass")).hexdigest()
-    keep = escaped[: MAX_SAFE_NAME_BYTES - 1 - _HASH_HEX_DIGITS]
-    # Never end the kept part inside a %XX escape.
-    cut = keep.rfind("%", len(keep) - 2)
-    if cut != -1:
-        keep = keep[:cut]
-    return f"{keep}~{digest[:_HASH_HEX_DIGITS]}"
-
-
 def _text_depth(text: str) -> int:
     """The deepest bracket nesting of a JSON text, strings left out. Never below the depth the
     decoder reaches in the valid part of the text: once the escaped backslashes and quotes are
@@ -249,7 +170,7 @@ def _parse_event(event: object, where: str) -> TagRead:
     if type(epc) is not str:
         raise _wrong_type(f"{where}data.idHex", "a string", epc)
     if not _HEX.fullmatch(epc):
-        raise PayloadError(BAD_EPC, f"{where}data.idHex {_show(epc)} is not hexadecimal")
+        raise PayloadError(BAD_EPC, f"{where}data.idHex {show(epc)} is not hexadecimal")
 
     return TagRead(
         epc=epc.lower(),
@@ -273,23 +194,23 @@ def _timestamp(value: object, where: str) -> datetime:
         parsed = datetime.fromisoformat(value)
     except ValueError:
         raise PayloadError(
-            BAD_TIMESTAMP, f"{where}timestamp {_show(value)} is not ISO-8601"
+            BAD_TIMESTAMP, f"{where}timestamp {show(value)} is not ISO-8601"
         ) from None
     if parsed.tzinfo is None:
         # A local time of unknown zone cannot be placed on the UTC timeline; guessing would
         # silently shift reads into the wrong date partition.
-        raise PayloadError(BAD_TIMESTAMP, f"{where}timestamp {_show(value)} has no UTC offset")
+        raise PayloadError(BAD_TIMESTAMP, f"{where}timestamp {show(value)} has no UTC offset")
     if parsed.tzinfo is not UTC:
         try:
             parsed = parsed.astimezone(UTC)
         except OverflowError:
             raise PayloadError(
-                BAD_TIMESTAMP, f"{where}timestamp {_show(value)} is out of range"
+                BAD_TIMESTAMP, f"{where}timestamp {show(value)} is out of range"
             ) from None
     if not _EARLIEST <= parsed < _LATEST:
         raise PayloadError(
             BAD_TIMESTAMP,
-            f"{where}timestamp {_show(value)} is outside {_EARLIEST.year}..{_LATEST.year - 1}",
+            f"{where}timestamp {show(value)} is outside {_EARLIEST.year}..{_LATEST.year - 1}",
         )
     return parsed
 
@@ -301,7 +222,7 @@ def _opt_int(value: object, where: str, name: str, bounds: tuple[int, int]) -> i
     if type(value) is not int:
         raise _wrong_type(f"{where}{name}", "an integer", value)
     if not bounds[0] <= value <= bounds[1]:
-        raise PayloadError(WRONG_TYPE, f"{where}{name}: integer {_show(value)} is out of range")
+        raise PayloadError(WRONG_TYPE, f"{where}{name}: integer {show(value)} is out of range")
     return value
 
 
@@ -316,12 +237,12 @@ def _opt_float(value: object, where: str, name: str) -> float | None:
             result = float(value)
         except OverflowError:
             raise PayloadError(
-                WRONG_TYPE, f"{where}{name}: {_show(value)} is out of range"
+                WRONG_TYPE, f"{where}{name}: {show(value)} is out of range"
             ) from None
     else:
         raise _wrong_type(f"{where}{name}", "a number", value)
     if not math.isfinite(result):
-        raise PayloadError(WRONG_TYPE, f"{where}{name}: {_show(value)} is not a finite number")
+        raise PayloadError(WRONG_TYPE, f"{where}{name}: {show(value)} is not a finite number")
     return result
 
 
@@ -343,15 +264,6 @@ def _json_type(value: object) -> str:
     if isinstance(value, list):
         return "an array"
     return "an object"
-
-
-def _show(value: object) -> str:
-    """A value for a detail message: ASCII-only (a lone surrogate from a JSON escape must not break
-    the UTF-8 column it is stored in) and short (the payload itself is kept beside it)."""
-    text = ascii(value)
-    if len(text) > _DETAIL_VALUE_CHARS:
-        text = text[: _DETAIL_VALUE_CHARS - 3] + "..."
-    return text
 
 
 def _reject_constant(name: str) -> float:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.simulate import TagEventGenerator, simulate
+from actors.devtools.simulate import TagEventGenerator, simulate
 from spark.tables import READS, read_table_arrow
 from tests.harness.checks import settled, wait_until_landed_union
 from tests.harness.daemon import gateway_env
@@ -37,7 +37,7 @@ TAIL = 3
 
 def fxgate_audit(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "actors.cli", "audit", *args],
+        [sys.executable, "-m", "actors.app.cli", "audit", *args],
         env={**os.environ, **(env or {})},
         capture_output=True,
         text=True,

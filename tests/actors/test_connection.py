@@ -5,8 +5,9 @@ import pytest
 
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
-from actors.connection import ConnectionSettings, SessionEnded, SessionStarted
-from actors.mqtt_client import AckKind, InboundPublish, InboundPubrel
+from actors.connection import ConnectionSettings
+from actors.messages import SessionEnded, SessionStarted
+from actors.mqtt.client import AckKind, InboundPublish, InboundPubrel
 from tests.harness.mqtt import publish_all
 
 pytestmark = pytest.mark.broker

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from actors import crashpoints
-from actors.simulate import expected_read_ids, simulate
+from actors.devtools.simulate import expected_read_ids, simulate
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from tests.harness.checks import wait_until_landed
 from tests.harness.daemon import gateway_env

@@ -15,7 +15,7 @@ import pytest
 
 from persistence.keys import message_key
 from spark.tables import DEAD_LETTERS, READS, read_table_arrow
-from spark.zebra import safe_reader_id
+from spark.topics import safe_reader_id
 from tests.harness.mqtt import publish_all
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
@@ -267,7 +267,7 @@ def test_a_topic_that_is_not_utf8_is_acked_and_lands_as_an_invalid_topic_dead_le
     """mosquitto refuses such a PUBLISH; a broker that does not (the scripted fake here) must
     not get it into `reads` or upstream: it is stored, acked, and dead-lettered."""
     from actors.clock import RealClock
-    from actors.config import load_config
+    from actors.config.schema import load_config
     from actors.supervisor import Supervisor
     from spark.schema import DEAD_LETTERS_SCHEMA, READS_SCHEMA
     from tests.harness.fake_broker import FakeBroker

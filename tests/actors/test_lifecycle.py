@@ -13,14 +13,11 @@ from actors.lifecycle import (
     CLIENT_DELETED,
     SESSION_CONNECTED,
     SESSION_DISCONNECTED,
-    ClientInfo,
-    ClientsConfigured,
     LifecycleActor,
-    SessionConnected,
-    SessionDisconnected,
     client_info,
     rfc3339,
 )
+from actors.messages import ClientInfo, ClientsConfigured, SessionConnected, SessionDisconnected
 
 SOURCE = "fxgate/test-env/gw-01"
 READER = ClientInfo("source", "fxgate-test-env-gw-01", "reader-user", "127.0.0.1", 1883, "f1")

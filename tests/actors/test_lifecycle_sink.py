@@ -7,18 +7,18 @@ import pykka
 import pytest
 
 from actors.clock import SimulatedClock
-from actors.connection import Publish
-from actors.lifecycle_sink import LedgerEventSink, SourceEventSink, event_message
-from actors.routes import (
+from actors.config.routes import (
     DEFAULT_LIFECYCLE_TOPIC,
     check_lifecycle_topic,
     lifecycle_filter,
     lifecycle_route,
     render_target,
     route_for,
-    topic_matches,
 )
-from persistence.inbound_ledger import InboundLedger
+from actors.ledger import InboundLedger
+from actors.lifecycle_sink import LedgerEventSink, SourceEventSink, event_message
+from actors.messages import Publish
+from spark.topics import topic_matches
 
 EVENT = {
     "specversion": "1.0",
@@ -108,7 +108,7 @@ def test_a_lifecycle_topic_that_cannot_name_every_client_is_refused(template):
 
 
 def test_a_bad_lifecycle_topic_in_the_config_is_reported_with_its_key():
-    from actors.config import ConfigError, load_config
+    from actors.config.schema import ConfigError, load_config
 
     with pytest.raises(ConfigError) as caught:
         load_config(None, environ={"FXGATE__LIFECYCLE__TOPIC": "x/{client}y"}, hostname="gw")

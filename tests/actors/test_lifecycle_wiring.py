@@ -9,13 +9,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from actors.clock import SimulatedClock
 from actors.connection import ConnectionActor
-from actors.lifecycle import (
-    SESSION_CONNECTED,
-    SESSION_DISCONNECTED,
-    ClientsConfigured,
-    LifecycleActor,
-    client_info,
-)
+from actors.lifecycle import SESSION_CONNECTED, SESSION_DISCONNECTED, LifecycleActor, client_info
+from actors.messages import ClientsConfigured
 from tests.actors.test_connection import InstantLedger, settings
 from tests.harness.fake_broker import FakeBroker
 

@@ -1,8 +1,9 @@
 import pytest
 
 from actors.clock import SimulatedClock
-from actors.pack import PackActor, PackAssembler, PackSealed
-from persistence.inbound_ledger import Committed, LedgerRecord
+from actors.ledger import LedgerRecord
+from actors.messages import Committed, PackSealed
+from actors.pack import PackActor, PackAssembler
 from tests.harness.inbox import Inbox
 
 

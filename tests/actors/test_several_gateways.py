@@ -25,8 +25,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from actors.config import load_config
-from actors.simulate import SimulationResult, expected_read_ids, simulate
+from actors.config.schema import load_config
+from actors.devtools.simulate import SimulationResult, expected_read_ids, simulate
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from tests.harness.checks import settled, wait_until_landed_union
 from tests.harness.daemon import DaemonProcess, gateway_env

@@ -2,10 +2,10 @@
 
 import pytest
 
+from actors.app.dead_letters import load_dead_letters
 from actors.clock import RealClock
-from actors.config import load_config
-from actors.dead_letters import load_dead_letters
-from actors.simulate import expected_read_ids, simulate
+from actors.config.schema import load_config
+from actors.devtools.simulate import expected_read_ids, simulate
 from actors.supervisor import Supervisor
 from persistence.replay import ReplayMessage, replay_key, write_request
 from spark.report import compare, landed_ids_arrow, landed_ids_spark

@@ -20,12 +20,13 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+from actors.app.status import collect_status, format_status
 from actors.clock import RealClock, SimulatedClock
-from actors.config import Config, ConfigError, load_config
-from actors.lifecycle import SESSION_DISCONNECTED, ClientsConfigured, LifecycleActor, client_info
-from actors.mosquitto import ListenerTls, free_port
-from actors.simulate import TagEventGenerator
-from actors.status import collect_status, format_status
+from actors.config.schema import Config, ConfigError, load_config
+from actors.devtools.mosquitto import ListenerTls, free_port
+from actors.devtools.simulate import TagEventGenerator
+from actors.lifecycle import SESSION_DISCONNECTED, LifecycleActor, client_info
+from actors.messages import ClientsConfigured
 from actors.supervisor import Supervisor, source_settings, spark_session_factory, upstream_settings
 from tests.actors.test_connection import InstantLedger, settings
 from tests.actors.test_lifecycle_wiring import Events

@@ -12,16 +12,16 @@ from pathlib import Path
 import pytest
 
 from actors.clock import RealClock
-from actors.config import load_config
+from actors.config.schema import load_config
+from actors.mqtt.upstream import IDEMPOTENCY_PROPERTY
 from actors.supervisor import Supervisor
-from actors.upstream_client import IDEMPOTENCY_PROPERTY
 from persistence.database import LEDGER_VERSION, OUTBOUND_VERSION
 from persistence.keys import message_key, read_id
-from persistence.outbound_ledger import SCHEMA as OUTBOUND_SCHEMA
+from persistence.outbound_store import SCHEMA as OUTBOUND_SCHEMA
 from spark.report import compare, landed_ids_spark
+from tests.actors.test_outbound import PUBLISH_LINE, forwarding_environ
 from tests.harness.checks import wait_until
 from tests.harness.mqtt import Collector
-from tests.persistence.test_outbound_ledger import PUBLISH_LINE, forwarding_environ
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 

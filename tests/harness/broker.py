@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from actors.mosquitto import MosquittoProcess
+from actors.devtools.mosquitto import MosquittoProcess
 
 
 @pytest.fixture

@@ -29,7 +29,7 @@ class DaemonProcess(WatchedProcess):
         self.spawned: set[int] = set()
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "actors.cli", "run"]
+        argv = [sys.executable, "-m", "actors.app.cli", "run"]
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
         self._launch(argv, self.env, cwd=self.workdir)

@@ -18,7 +18,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from actors.clock import Clock, RealClock
-from actors.simulate import PublishedRecord, TagEventGenerator, reader_names
+from actors.devtools.simulate import PublishedRecord, TagEventGenerator, reader_names
 from persistence.keys import message_key
 
 WINDOW = 20

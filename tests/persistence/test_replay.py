@@ -3,7 +3,8 @@ import shutil
 import pytest
 
 from actors.clock import SimulatedClock
-from persistence.inbound_ledger import InboundLedger, TakeReplays
+from actors.ledger import InboundLedger
+from actors.messages import TakeReplays
 from persistence.replay import (
     REPLAY_DIR,
     ReplayMessage,
@@ -12,8 +13,8 @@ from persistence.replay import (
     replay_key,
     write_request,
 )
+from tests.actors.test_ledger import listen
 from tests.harness.checks import wait_until
-from tests.persistence.test_inbound_ledger import listen
 
 TOPIC = "zebra/fx/fx9600-01/reads"
 

@@ -23,19 +23,18 @@ import sqlalchemy
 
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
-from actors.connection import Inbound, SessionStarted
-from actors.intake import IntakeGate
-from actors.lifecycle import LifecycleActor, SessionConnected
-from actors.mosquitto import free_port
-from actors.mqtt_client import AckKind, InboundPubrel
-from actors.pack import Pack, PackSealed
-from actors.routes import Route
-from actors.simulate import expected_read_ids, simulate
-from actors.upstream_client import AckType, OutboundAck
+from actors.config.routes import Route
+from actors.devtools.mosquitto import free_port
+from actors.devtools.simulate import expected_read_ids, simulate
+from actors.ledger import InboundLedger, LedgerRecord
+from actors.lifecycle import LifecycleActor
+from actors.messages import Inbound, Pack, PackSealed, SessionConnected, SessionStarted, StoreLocal
+from actors.mqtt.client import AckKind, InboundPubrel
+from actors.mqtt.intake import IntakeGate
+from actors.mqtt.upstream import AckType, OutboundAck
+from actors.outbound import OutboundLedger
 from persistence.database import connect_sqlite, open_engine
-from persistence.inbound_ledger import InboundLedger, LedgerRecord, StoreLocal
 from persistence.keys import message_key
-from persistence.outbound_ledger import OutboundLedger
 from persistence.storage_faults import (
     CorruptDatabase,
     StorageUnavailable,
@@ -45,12 +44,12 @@ from persistence.storage_faults import (
     is_storage_fault,
 )
 from spark.report import compare, landed_ids_arrow
+from tests.actors.test_ledger import Acks, listen, publish
 from tests.harness import faulty_sqlite
 from tests.harness.checks import wait_until, wait_until_landed
 from tests.harness.daemon import gateway_env
 from tests.harness.faulty_sqlite import DISK_FULL, READ_ONLY
 from tests.harness.inbox import Inbox
-from tests.persistence.test_inbound_ledger import Acks, listen, publish
 
 TOPIC = "zebra/fx/fx9600-01/reads"
 
@@ -122,7 +121,8 @@ def retry(clock, ledger, seconds, settle=stats):
 def test_a_full_disk_at_commit_acks_nothing_until_space_returns_then_acks_every_message_once(
     faults, start_ledger, db_path, clock, caplog
 ):
-    caplog.set_level(logging.INFO, logger="persistence.inbound_ledger")
+    caplog.set_level(logging.INFO, logger="actors.ledger")
+    caplog.set_level(logging.INFO, logger="actors.storage_retry")
     ledger = start_ledger()
     listener = listen(ledger)
     acks = Acks()
@@ -533,7 +533,8 @@ def records(count):
 def test_the_outbound_ledger_on_a_full_disk_sends_nothing_unrecorded_and_resumes_after_space(
     faults, tmp_path, clock, caplog
 ):
-    caplog.set_level(logging.INFO, logger="persistence.outbound_ledger")
+    caplog.set_level(logging.INFO, logger="actors.outbound")
+    caplog.set_level(logging.INFO, logger="actors.storage_retry")
     path = tmp_path / "outbound.sqlite"
     writer = Inbox()
     ref = OutboundLedger.start(

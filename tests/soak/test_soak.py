@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.simulate import expected_read_ids
+from actors.devtools.simulate import expected_read_ids
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from tests.harness.checks import wait_until_landed
 from tests.harness.proxy import FaultProxy

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.simulate import expected_read_ids, simulate
+from actors.devtools.simulate import expected_read_ids, simulate
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from spark.session import is_local_master, master_on_loopback
 from tests.harness.checks import wait_until_landed

@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
-from actors.config import ConfigError, load_config
-from actors.status import collect_status, format_status
+from actors.app.status import collect_status, format_status
+from actors.config.schema import ConfigError, load_config
 from spark.location import local_path, parse_location, spark_uri
 from spark.tables import READS, TablesNotReadable, TableWriter, read_table, read_table_arrow
 

@@ -16,14 +16,8 @@ from hypothesis import strategies as st
 from persistence.keys import message_key
 from spark.schema import MAX_DETAIL_CHARS, build_batch
 from spark.tables import DEAD_LETTERS, EVENTS, READS, TableWriter, read_table_arrow
-from spark.zebra import (
-    INVALID_TOPIC,
-    MAX_SAFE_NAME_BYTES,
-    OVERSIZED,
-    reader_id_from_topic,
-    safe_reader_id,
-    topic_problem,
-)
+from spark.topics import MAX_SAFE_NAME_BYTES, reader_id_from_topic, safe_reader_id, topic_problem
+from spark.zebra import INVALID_TOPIC, OVERSIZED
 
 RECEIVED = datetime(2026, 11, 21, 12, 0, tzinfo=UTC).timestamp()
 EVENT = {

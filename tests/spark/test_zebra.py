@@ -3,7 +3,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from spark.zebra import PayloadError, TagRead, parse_payload, reader_id_from_topic
+from spark.topics import reader_id_from_topic
+from spark.zebra import PayloadError, TagRead, parse_payload
 
 
 def event(**overrides) -> dict:

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from actors.routes import topic_matches
 from spark.schema import build_batch
+from spark.topics import topic_matches, topic_problem
 from spark.zebra import (
     BAD_TIMESTAMP,
     INVALID_JSON,
@@ -24,7 +24,6 @@ from spark.zebra import (
     TOO_MANY_READS,
     PayloadError,
     parse_payload,
-    topic_problem,
 )
 from tests.spark.test_sanitise import Record
 

@@ -1,0 +1,297 @@
+"""The `fxgate` command: run the gateway, simulate readers, show status, check or audit a table."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+import click
+
+from actors.config.schema import Config, ConfigError, load_config
+
+log = logging.getLogger(__name__)
+
+
+def _load(config_path: Path | None) -> Config:
+    try:
+        return load_config(config_path)
+    except ConfigError as error:
+        click.echo(f"fxgate: invalid configuration ({len(error.errors)} error(s)):", err=True)
+        for line in error.errors:
+            click.echo(f"  {line}", err=True)
+        sys.exit(2)
+
+
+config_option = click.option(
+    "--config",
+    "config_path",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="TOML file; without it the embedded defaults (configs/gateway.toml).",
+)
+
+
+@click.group()
+def main() -> None:
+    """fxgate: Zebra FX9600 reads from MQTT into Spark tables, exactly once."""
+
+
+@main.command()
+@config_option
+def run(config_path: Path | None) -> None:
+    """Run the gateway until SIGTERM or SIGINT."""
+    from actors.app.daemon import configure_logging
+    from actors.app.daemon import run as run_daemon
+    from actors.crashpoints import CrashPointError, arm_from_environ
+
+    config = _load(config_path)
+    configure_logging(config.gateway.log_level)
+    try:
+        arm_from_environ()
+    except CrashPointError as error:
+        click.echo(f"fxgate: {error}", err=True)
+        sys.exit(2)
+    sys.exit(run_daemon(config))
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=1883, show_default=True, type=int)
+@click.option("--readers", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option("--rate", default=100.0, show_default=True, help="messages/s in total; 0 = flat out")
+@click.option(
+    "--count",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="messages per reader",
+)
+@click.option("--qos", default=1, show_default=True, type=click.IntRange(0, 2))
+@click.option(
+    "--batch",
+    default=1,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="tag events per message (FX9600 batched arrays when > 1)",
+)
+@click.option("--seed", default=0, show_default=True, type=int)
+@click.option(
+    "--manifest",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="write every acknowledged message (topic, key, reads) as JSON lines",
+)
+def simulate(host, port, readers, rate, count, qos, batch, seed, manifest) -> None:
+    """Publish realistic FX9600 tag events to zebra/fx/<reader>/reads."""
+    from actors.devtools.simulate import simulate as run_simulation
+    from actors.devtools.simulate import write_manifest
+
+    logging.basicConfig(level=logging.WARNING)
+    result = run_simulation(
+        host, port, readers=readers, rate=rate, count=count, qos=qos, batch=batch, seed=seed
+    )
+    if manifest is not None:
+        write_manifest(manifest, result)
+    reads = sum(r.reads for r in result.published)
+    click.echo(
+        f"published {len(result.published)} messages ({reads} reads) from {readers} reader(s) "
+        f"at QoS {qos} in {result.seconds:.1f} s; {result.failed} failed"
+    )
+    sys.exit(1 if result.failed else 0)
+
+
+@main.command()
+@config_option
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def status(config_path: Path | None, as_json: bool) -> None:
+    """Connection state, ledger depth and rows in the table, read from the data directory."""
+    from actors.app.status import collect_status, format_status
+
+    config = _load(config_path)
+    report = collect_status(config)
+    if as_json:
+        click.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        click.echo(format_status(report))
+
+
+@main.group("dead-letters")
+def dead_letters() -> None:
+    """Messages that could not become reads, or could not be forwarded, and why."""
+
+
+def _dead_letters(config, reason: str | None):
+    from actors.app.dead_letters import load_dead_letters
+    from spark.tables import TablesNotReadable
+
+    try:
+        return load_dead_letters(config.spark.tables_path(config.gateway.data_path), reason)
+    except TablesNotReadable as error:
+        raise click.ClickException(f"cannot read the dead letters here: {error}") from None
+
+
+@dead_letters.command("list")
+@config_option
+@click.option("--reason", default=None, help="only this reason (e.g. invalid_json, expired)")
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(min=0))
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def dead_letters_list(config_path: Path | None, reason: str | None, limit: int, as_json: bool):
+    """Counts per reason, then the newest dead letters with a preview of their payload."""
+    from actors.app.dead_letters import dead_letters_json, format_dead_letters
+
+    config = _load(config_path)
+    letters = _dead_letters(config, reason)
+    if as_json:
+        click.echo(json.dumps(dead_letters_json(letters, limit), indent=2, sort_keys=True))
+    else:
+        click.echo(format_dead_letters(letters, limit))
+
+
+@dead_letters.command("replay")
+@config_option
+@click.option("--reason", default=None, help="replay the dead letters of this reason")
+@click.option("--key", "keys", multiple=True, help="replay the dead letter with this message key")
+@click.option("--all", "everything", is_flag=True, help="replay every dead letter")
+@click.option("--dry-run", is_flag=True, help="say what would be replayed, write nothing")
+def dead_letters_replay(
+    config_path: Path | None, reason: str | None, keys: tuple[str, ...], everything: bool, dry_run
+):
+    """Send dead letters through the gateway again (after a fix), each under a new key.
+
+    Writes a request into the data directory; the running daemon takes it within a second, or
+    the next start does."""
+    from persistence.replay import ReplayMessage, write_request
+
+    if not (reason or keys or everything):
+        raise click.UsageError("say which: --reason, --key (repeatable) or --all")
+    config = _load(config_path)
+    letters = _dead_letters(config, reason)
+    if keys:
+        letters = [d for d in letters if d.message_key in set(keys)]
+    chosen = [d for d in letters if d.payload is not None]
+    if dry_run:
+        click.echo(f"would replay {len(chosen)} dead letter(s)")
+        return
+    request = write_request(
+        config.gateway.data_path,
+        [ReplayMessage(d.message_key, d.topic, d.payload, d.qos, d.sink) for d in reversed(chosen)],
+    )
+    if request is None:
+        click.echo("nothing to replay")
+    else:
+        click.echo(f"replay of {len(chosen)} dead letter(s) requested: {request}")
+
+
+@main.command()
+@config_option
+@click.option(
+    "--manifest",
+    required=True,
+    type=click.Path(path_type=Path, exists=True),
+    help="JSON lines written by `fxgate simulate --manifest`",
+)
+def report(config_path: Path | None, manifest: Path) -> None:
+    """Compare the reads table (through Spark) with what a simulation published."""
+    from actors.devtools.simulate import expected_read_ids, read_manifest
+    from spark.report import compare, landed_ids_spark
+    from spark.session import build_session, stop_session
+
+    config = _load(config_path)
+    published = read_manifest(manifest)
+    session = build_session(
+        config.spark.master,
+        config.gateway.data_path / "spark-report",
+        driver_memory=config.spark.driver_memory,
+        conf=dict(config.spark.conf),
+    )
+    try:
+        ids, readers = landed_ids_spark(session, config.spark.tables_path(config.gateway.data_path))
+    finally:
+        stop_session(session)
+    result = compare(expected_read_ids(published), ids, readers)
+    click.echo("reads table, read back through Spark:")
+    for line in result.lines():
+        click.echo(line)
+    click.echo("EXACT: every published read landed once" if result.exact else "MISMATCH")
+    sys.exit(0 if result.exact else 1)
+
+
+@main.command()
+@config_option
+@click.option(
+    "--tables",
+    "tables_dirs",
+    multiple=True,
+    help="a tables directory (path or URI) to audit; repeat it to audit the gateways of one "
+    "shared group together. Default: the config's tables directory",
+)
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool) -> None:
+    """Find every lost read: the eventNum gaps per reader in the reads table.
+
+    Exit status 0 when nothing is missing, 1 when something is, 2 when it could not audit."""
+    from spark.audit import AuditError, audit_tables, check_tables_dir
+    from spark.location import parse_location
+    from spark.session import build_session, stop_session
+
+    config = _load(config_path)
+    try:
+        locations = [parse_location(text) for text in tables_dirs] or [
+            config.spark.tables_path(config.gateway.data_path)
+        ]
+        for location in locations:
+            check_tables_dir(location)  # a wrong path fails before a JVM starts
+    except (ValueError, AuditError) as error:
+        click.echo(f"fxgate audit: could not audit: {error}", err=True)
+        sys.exit(2)
+    try:
+        session = build_session(
+            config.spark.master,
+            config.gateway.data_path / "spark-audit",
+            driver_memory=config.spark.driver_memory,
+            conf=dict(config.spark.conf),
+        )
+        try:
+            result = audit_tables(session, locations)
+        finally:
+            stop_session(session)
+    except AuditError as error:
+        click.echo(f"fxgate audit: could not audit: {error}", err=True)
+        sys.exit(2)
+    except Exception as error:  # a Spark failure: the audit says nothing about the reads
+        first = (str(error).strip().splitlines() or [""])[0]  # py4j appends the Java stack
+        click.echo(
+            f"fxgate audit: could not audit: Spark failed: {type(error).__name__}: {first}",
+            err=True,
+        )
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        for line in result.lines():
+            click.echo(line)
+    sys.exit(0 if result.complete else 1)
+
+
+@main.command()
+@click.option(
+    "--workdir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path(".demo"),
+    show_default=True,
+)
+@click.option("--count", default=1500, show_default=True, help="messages per reader per phase")
+@click.option("--rate", default=300.0, show_default=True, help="messages/s in total")
+def demo(workdir: Path, count: int, rate: float) -> None:
+    """Broker + two simulated readers + the gateway; the broker restarts midway."""
+    from actors.devtools.demo import run_demo
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    sys.exit(run_demo(workdir, count=count, rate=rate))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,152 @@
+"""The paho-mqtt client of the upstream connection, with the outbound protocol taken over.
+
+paho 2.2 keeps outbound state only in memory, re-sends everything at once after a reconnect
+(ignoring Receive Maximum), has no hook when PUBREC arrives, and treats a PUBREC or PUBACK with a
+reason code >= 0x80 as success (DESIGN §4). So this client keeps no outbound state at all: the
+outbound ledger allocates packet ids, persists each state before the packet leaves, and sends
+PUBLISH and PUBREL through `send_publish` / `send_pubrel`. Incoming PUBACK, PUBREC and PUBCOMP are
+translated into `OutboundAck` messages, reason code included, for the ledger to judge.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from paho.mqtt.client import PUBLISH, PUBREL, MQTTMessageInfo
+from paho.mqtt.enums import MQTTErrorCode
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from actors.mqtt.client import EpochClient
+from actors.mqtt.wire import decode_ack, encode_publish, encode_pubrel
+
+log = logging.getLogger(__name__)
+
+IDEMPOTENCY_PROPERTY = "fxgate-key"
+IDEMPOTENCY_KEY_BYTES = IDEMPOTENCY_PROPERTY.encode("ascii")
+
+
+class AckType(enum.Enum):
+    PUBACK = "PUBACK"
+    PUBREC = "PUBREC"
+    PUBCOMP = "PUBCOMP"
+    SENT = "SENT"  # a QoS 0 PUBLISH left the socket: all the acknowledgement QoS 0 gets
+
+
+_ACK_PACKET_TYPE = {
+    AckType.PUBACK: PacketTypes.PUBACK,
+    AckType.PUBREC: PacketTypes.PUBREC,
+    AckType.PUBCOMP: PacketTypes.PUBCOMP,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundAck:
+    epoch: int
+    packet_id: int
+    kind: AckType
+    reason_code: int
+    reason: str
+
+    @property
+    def failed(self) -> bool:
+        return self.reason_code >= 0x80
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundPublish:
+    """One PUBLISH as the outbound ledger decided it."""
+
+    packet_id: int
+    topic: str
+    payload: bytes
+    qos: int
+    dup: bool
+    message_key: str
+    expiry_interval: int | None = None
+
+
+class UpstreamClient(EpochClient):
+    def __init__(
+        self, client_id: str, on_ack: Callable[[OutboundAck], None], monotonic: Callable[[], float]
+    ) -> None:
+        super().__init__(client_id, monotonic, manual_ack=False)
+        self._on_ack = on_ack
+        self.on_publish = self._qos0_sent
+
+    def send_publish(self, epoch: int, message: OutboundPublish) -> bool:
+        properties = Properties(PacketTypes.PUBLISH)
+        # Lets a cloud consumer drop the duplicates that QoS 1 allows.
+        properties.UserProperty = (IDEMPOTENCY_PROPERTY, message.message_key)
+        if message.expiry_interval is not None:
+            properties.MessageExpiryInterval = message.expiry_interval
+        return self._on_epoch(
+            epoch,
+            f"PUBLISH {message.packet_id}",
+            lambda: self._send_publish(
+                message.packet_id,
+                message.topic.encode("utf-8"),
+                message.payload,
+                message.qos,
+                False,
+                message.dup,
+                MQTTMessageInfo(message.packet_id),
+                properties,
+            ),
+        )
+
+    def send_publishes(self, epoch: int, messages: Sequence[OutboundPublish]) -> bool:
+        """Several QoS 1/2 PUBLISHes as one queued write (QoS 0 goes through `send_publish`,
+        whose completion paho reports as SENT)."""
+        if any(m.qos == 0 for m in messages):
+            return all([self.send_publish(epoch, m) for m in messages])
+        wire = b"".join(
+            encode_publish(
+                m.packet_id,
+                m.topic.encode("utf-8"),
+                m.payload,
+                m.qos,
+                m.dup,
+                (IDEMPOTENCY_KEY_BYTES, m.message_key.encode("utf-8")),
+                m.expiry_interval,
+            )
+            for m in messages
+        )
+        return self._on_epoch(
+            epoch,
+            f"{len(messages)} PUBLISH(es)",
+            lambda: self._packet_queue(PUBLISH, wire, 0, 1),
+        )
+
+    def send_pubrel(self, epoch: int, packet_id: int) -> bool:
+        return self.send_pubrels(epoch, (packet_id,))
+
+    def send_pubrels(self, epoch: int, packet_ids: Sequence[int]) -> bool:
+        wire = b"".join(encode_pubrel(packet_id) for packet_id in packet_ids)
+        return self._on_epoch(
+            epoch, f"{len(packet_ids)} PUBREL(s)", lambda: self._packet_queue(PUBREL, wire, 0, 1)
+        )
+
+    # Network thread: translate only.
+
+    def _ack(self, kind: AckType) -> MQTTErrorCode:
+        packet_id, code = decode_ack(self._in_packet["packet"])
+        # The reason's name only when it says more than "Success" (paho's ReasonCode is costly).
+        reason = "Success"
+        if code:
+            reason = str(ReasonCode(_ACK_PACKET_TYPE[kind], identifier=code))
+        self._on_ack(OutboundAck(self.epoch, packet_id, kind, code, reason))
+        return MQTTErrorCode.MQTT_ERR_SUCCESS
+
+    def _handle_pubackcomp(self, cmd) -> MQTTErrorCode:
+        return self._ack(AckType(cmd))
+
+    def _handle_pubrec(self) -> MQTTErrorCode:
+        return self._ack(AckType.PUBREC)
+
+    def _qos0_sent(self, _client, _userdata, mid, _reason_code, _properties) -> None:
+        self._on_ack(OutboundAck(self.epoch, mid, AckType.SENT, 0, "Success"))

@@ -1,0 +1,630 @@
+"""OutboundLedger: forwards packs upstream with TBMQ-grade state that survives restarts.
+
+Owns the outbound database (its own SQLite file) and every outbound PUBLISH/PUBREL:
+- a packet id is allocated and (seq, packet id, state) committed *before* the PUBLISH leaves, and
+  the PUBREC state before the PUBREL leaves, so after a crash the same ids are re-sent with DUP
+  (a new id would make the upstream broker deliver twice, DESIGN §3.2);
+- never more in flight than min(the broker's Receive Maximum, `window`), also right after a
+  reconnect (paho alone would re-send everything at once, DESIGN §4);
+- a PUBACK or PUBREC with a reason code >= 0x80 is a failure, never a success;
+- packs follow TBMQ: one pack at a time, acknowledged when every message in it is; after
+  `processing_timeout` RETRY_ALL re-sends what is unacknowledged (DUP) up to `retries` times
+  (0 = unlimited) and SKIP_ALL gives up at once; what is given up on becomes an upstream dead
+  letter (DESIGN §7.2: its reads are in the table whatever happens here);
+- a finished pack is reported to the inbound ledger (`Forwarded`) once its states are committed
+  here, and the rows of it are deleted here only when the ledger says it has recorded the report
+  (`ForwardRecorded`): a kill in between reports them again at the next start, never forwards
+  them again. The table is the other sink of the ledger and never waits for this one.
+
+Packs waiting their turn stay in the tier-2 buffer (actors/buffer.py), which hands over one pack
+each time this actor tells it `Demand`.
+
+Every write waits in an ordered list until the next commit. If the commit meets a storage fault
+(disk full, read-only: persistence.storage_faults) the transaction is rolled back, the list kept,
+and forwarding stops where it is instead of the actor dying (a restart would meet the same disk,
+and the restart budget would end the daemon): nothing new is sent, no PUBREL leaves, no pack is
+reported to the ledger, while acks are still taken into memory. The commit is retried on a
+backoff on the clock; once it succeeds, what waited is sent, PUBLISHes whose 'publish' state was
+just committed included (with DUP set: harmless for a first send).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sqlite3
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+
+import pykka
+
+from actors.backoff import Backoff
+from actors.clock import Clock, TimerHandle
+from actors.config.routes import Route, render_target, route_for
+from actors.crashpoints import crash_point
+from actors.ledger import LedgerRecord
+from actors.messages import (
+    Demand,
+    Forwarded,
+    ForwardRecorded,
+    Pack,
+    PackSealed,
+    SessionEnded,
+    SessionStarted,
+)
+from actors.mqtt.upstream import AckType, OutboundAck, OutboundPublish
+from actors.storage_retry import StorageRetry
+from actors.tell import tell_unless_dead
+from persistence.outbound_store import OutboundStore
+from persistence.storage_faults import is_storage_fault
+from spark.topics import topic_problem
+from spark.zebra import INVALID_TOPIC
+
+log = logging.getLogger(__name__)
+
+MAX_PACKET_ID = 65535
+
+
+@dataclass(frozen=True, slots=True)
+class _PackTimeout:
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Flush:
+    """Queued behind the acks already in the mailbox: one commit for all of them."""
+
+
+@dataclass(frozen=True, slots=True)
+class _RetryStorage:
+    """The backoff after a failed commit is over: commit again, then go on."""
+
+
+@dataclass
+class _Entry:
+    record: LedgerRecord
+    message: OutboundPublish | None  # None: not forwarded (no route)
+    state: str = "queued"  # queued | publish | pubrel | acked | dead | failed
+    attempts: int = 0
+    reason: str | None = None
+
+
+@dataclass
+class _PackState:
+    pack: Pack
+    entries: list[_Entry]
+    attempts: int = 0
+    timer: TimerHandle | None = None
+    generation: int = 0
+    # Entries before this index are not "queued": _send_some need not look at them again.
+    cursor: int = 0
+
+    @property
+    def done(self) -> bool:
+        return all(e.state in ("acked", "dead") for e in self.entries)
+
+
+@dataclass
+class _Stats:
+    forwarded: int = 0
+    failed_acks: int = 0
+    retries: int = 0
+    dead: int = 0
+    resent: int = 0
+    possible_duplicates: int = 0
+
+
+class OutboundLedger(pykka.ThreadingActor):
+    def __init__(
+        self,
+        path: Path,
+        clock: Clock,
+        ledger: pykka.ActorRef,
+        routes: tuple[Route, ...],
+        environment_id: str,
+        *,
+        durability: str = "process",
+        window: int = 20,
+        processing_timeout: float = 20.0,
+        ack_strategy: str = "RETRY_ALL",
+        retries: int = 3,
+        storage_backoff: Backoff | None = None,
+    ) -> None:
+        super().__init__()
+        self._path = Path(path)
+        self._clock = clock
+        self._ledger = ledger  # the inbound ledger: told what is done upstream
+        self._routes = routes
+        self._environment_id = environment_id
+        self._durability = durability
+        self._window_setting = window
+        self._timeout = processing_timeout
+        self._strategy = ack_strategy
+        self._retries = retries
+        self._buffer: pykka.ActorRef | None = None
+        self._client = None
+        self._epoch = 0
+        self._connected = False
+        self._window = window
+        # Packs handed over while one is being forwarded (normally none: we ask for one at a time).
+        self._waiting: deque[Pack] = deque()
+        self._current: _PackState | None = None
+        self._inflight: dict[int, _Entry] = {}
+        self._next_id = 1
+        self._known: dict[int, tuple[str, int | None, int]] = {}  # seq -> (state, id, attempts)
+        # Ids in flight before a restart stay taken until their message is resumed: reusing one
+        # for a new message would make the broker take it for a duplicate and drop it.
+        self._reserved: set[int] = set()
+        # In flight, but not yet sent again on the current connection (window was full).
+        self._unsent: set[int] = set()
+        # Acks are recorded in the open transaction and acted on at the next _Flush: a PUBREL
+        # waits there for the commit of its 'pubrel' state.
+        self._flush_pending = False
+        self._pubrels_due: list[int] = []
+        # Writes wait in the store until the next commit; a storage fault keeps them for the
+        # retry (persistence.outbound_store), and this episode says when to try again.
+        self._store: OutboundStore | None = None
+        self._faults = StorageRetry(
+            "outbound ledger",
+            self._path,
+            clock,
+            lambda: tell_unless_dead(self.actor_ref, _RetryStorage()),
+            storage_backoff,
+        )
+        self.stats = _Stats()
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        self._store = OutboundStore(self._path, self._durability)
+        self._known = self._store.known()
+        self._reserved = {
+            packet_id
+            for state, packet_id, _ in self._known.values()
+            if state in ("publish", "pubrel")
+        }
+        in_flight = len(self._reserved)
+        log.info(
+            "outbound ledger open at %s: %d message(s) in flight from before, window %d",
+            self._path,
+            in_flight,
+            self._window_setting,
+        )
+        # Finished before a restart, perhaps not yet recorded by the inbound ledger: report them
+        # (again); its answer lets these rows go.
+        done = tuple(seq for seq, (state, _, _) in self._known.items() if state == "acked")
+        dead = tuple(self._store.dead())
+        if done or dead:
+            log.info(
+                "outbound ledger: reporting %d finished message(s) again", len(done) + len(dead)
+            )
+            self._ledger.tell(Forwarded(done, dead, self.actor_ref))
+
+    def on_stop(self) -> None:
+        self._faults.cancel()
+        if self._store is None:
+            return
+        # The acks decided so far: fewer re-sends after the next start.
+        if not self._commit():
+            log.error(
+                "outbound ledger stopping while it cannot write (%s): the last acks are not "
+                "saved; their messages are sent again after the next start",
+                self._faults.error,
+            )
+        self._store.close()
+        log.info("outbound ledger closed")
+
+    def set_client(self, client) -> None:
+        """The upstream connection's client (an actors.mqtt.upstream.UpstreamClient)."""
+        self._client = client
+
+    def set_buffer(self, buffer: pykka.ActorRef) -> None:
+        """The tier-2 buffer, asked for one pack at a time."""
+        self._buffer = buffer
+        buffer.tell(Demand())
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def on_receive(self, message: object) -> None:
+        if isinstance(message, PackSealed):
+            self._waiting.append(message.pack)
+            self._pump()
+        elif isinstance(message, OutboundAck):
+            self._on_ack(message)
+        elif isinstance(message, _Flush):
+            self._flush()
+        elif isinstance(message, _RetryStorage):
+            self._faults.retry_due()
+            self._flush()
+        elif isinstance(message, SessionStarted):
+            self._on_session(message)
+        elif isinstance(message, SessionEnded):
+            if message.epoch == self._epoch:
+                self._connected = False
+                # An outage is not a failed attempt: the pack's clock stops until a reconnect
+                # (otherwise an outage past (retries + 1) x processing_timeout dead-letters
+                # the pack in flight: 180 reads after 80 s, measured by the memory benchmark).
+                self._stop_timeout()
+        elif isinstance(message, _PackTimeout):
+            self._on_timeout(message)
+        elif isinstance(message, ForwardRecorded):
+            self._forget(message.seqs)
+        else:
+            log.warning("outbound ledger ignored %r", message)
+
+    # -- packs ------------------------------------------------------------------------------
+
+    def _pump(self) -> None:
+        if self._faults.failing:
+            return  # a finished pack goes on only once its states are committed
+        if self._current is None and self._waiting:
+            self._start_pack(self._waiting.popleft())
+        if self._current is None:
+            return
+        if self._current.done:
+            self._finish_pack()
+            if self._current is None:
+                self._pump()
+            return
+        self._send_some()
+
+    def _start_pack(self, pack: Pack) -> None:
+        entries = []
+        for record in pack.records:
+            entry = _Entry(record, self._message_for(record))
+            known = self._known.get(record.seq)
+            if entry.message is None:
+                entry.state = "acked"  # nothing to forward: it goes on to the table
+            elif known is not None:
+                state, packet_id, attempts = known
+                entry.attempts = attempts
+                if state in ("publish", "pubrel"):
+                    # In flight when we stopped: the same packet id, re-sent with DUP.
+                    entry.state = state
+                    entry.message = dataclasses.replace(
+                        entry.message, packet_id=packet_id, dup=True
+                    )
+                    self._reserved.discard(packet_id)
+                    self._inflight[packet_id] = entry
+                    entry.reason = "resend"
+                else:
+                    entry.state = state  # acked | dead | failed
+            if entry.state == "queued" and entry.message is not None:
+                # A route can render an upstream topic MQTT cannot carry (a 65,000-byte reader
+                # level under `x/{topic}`): encoding it would raise in this actor at every
+                # restart, so the message is given up on and lands as a dead letter.
+                problem = topic_problem(entry.message.topic)
+                if problem is not None:
+                    log.warning("message %s: upstream %s", record.message_key, problem)
+                    self._give_up(entry, INVALID_TOPIC)
+            entries.append(entry)
+        self._current = _PackState(pack, entries)
+        if self._connected:
+            self._arm_timeout()
+        if any(e.reason == "resend" for e in entries) and self._connected:
+            self._resend_inflight()
+
+    def _message_for(self, record: LedgerRecord) -> OutboundPublish | None:
+        if record.dead_reason is not None:
+            return None  # a dead letter already (a topic that was not UTF-8): not forwarded
+        route = route_for(self._routes, record.topic)
+        if route is None:
+            return None
+        return OutboundPublish(
+            packet_id=0,
+            topic=render_target(route, record.topic, self._environment_id),
+            payload=record.payload,
+            qos=route.effective_qos,
+            dup=False,
+            message_key=record.message_key,
+        )
+
+    def _finish_pack(self) -> None:
+        # An ack's state may still wait for its flush: the report goes out only once every
+        # state of the pack is committed here, or a kill could leave an exchange in flight here
+        # that the ledger no longer feeds (a QoS 2 PUBREL never sent, the message never out).
+        if not self._commit():
+            return  # storage fault: the pack stays current; the retry's flush finishes it
+        current, self._current = self._current, None
+        assert current is not None
+        if current.timer is not None:
+            current.timer.cancel()
+        done = tuple(e.record.seq for e in current.entries if e.state == "acked")
+        dead = tuple(
+            (e.record.seq, e.reason or "forward_failed")
+            for e in current.entries
+            if e.state == "dead"
+        )
+        forwarded = sum(1 for e in current.entries if e.state == "acked" and e.message)
+        self.stats.forwarded += forwarded
+        log.info(
+            "pack %d acknowledged upstream: %d forwarded, %d dead-lettered",
+            current.pack.pack_id,
+            forwarded,
+            len(dead),
+        )
+        self._ledger.tell(Forwarded(done, dead, self.actor_ref))
+        if self._buffer is not None:
+            self._buffer.tell(Demand())
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def _send_some(self) -> None:
+        """Send queued entries of the current pack while the window has room."""
+        if not self._connected or self._client is None or self._current is None:
+            return
+        if self._faults.failing:
+            return
+        batch: list[_Entry] = []
+        now = self._clock.wall()
+        current = self._current
+        entries = current.entries
+        index = current.cursor
+        while index < len(entries):
+            if self._unsent or len(self._inflight) >= self._window:
+                break  # re-sends go first; batch entries are counted in _inflight already
+            entry = entries[index]
+            if entry.state != "queued":
+                index += 1
+                continue  # a refused ("failed") message waits for the pack's retry
+            record = entry.record
+            if record.expires_at is not None and record.expires_at <= now:
+                self._give_up(entry, "expired")
+                index += 1
+                continue
+            expiry = None
+            if record.expires_at is not None:
+                expiry = max(1, int(record.expires_at - now))
+            packet_id = self._allocate_id()
+            if packet_id is None:
+                break
+            entry.message = dataclasses.replace(
+                entry.message, packet_id=packet_id, dup=False, expiry_interval=expiry
+            )
+            entry.state = "publish"
+            entry.attempts += 1
+            self._inflight[packet_id] = entry
+            batch.append(entry)
+            index += 1
+        current.cursor = index
+        if not batch:
+            if self._current.done:
+                self._pump()
+            return
+        # Persist before any of these PUBLISHes can reach the wire.
+        self._store.in_flight((e.record.seq, e.message.packet_id, e.attempts) for e in batch)
+        if not self._commit():
+            # In flight but not on the wire: sent (after their commit) once storage is back.
+            self._unsent.update(entry.message.packet_id for entry in batch)
+            return
+        # One write for the lot; QoS 0 is acknowledged when paho reports it written (SENT).
+        self._client.send_publishes(self._epoch, [entry.message for entry in batch])
+
+    def _resend_inflight(self) -> None:
+        """After CONNACK: everything in flight must go again (same ids), oldest first, but no
+        more at once than the window — the broker's Receive Maximum may be smaller now."""
+        self._unsent = {packet_id for packet_id in self._inflight}
+        self._flush_unsent()
+
+    def _flush_unsent(self) -> None:
+        if self._faults.failing:
+            return
+        room = self._window - (len(self._inflight) - len(self._unsent))
+        for packet_id in sorted(self._unsent, key=lambda pid: self._inflight[pid].record.seq):
+            if room <= 0:
+                break
+            entry = self._inflight[packet_id]
+            if entry.state == "pubrel":
+                self._client.send_pubrel(self._epoch, packet_id)
+            else:
+                entry.message = dataclasses.replace(entry.message, dup=True)
+                self._client.send_publish(self._epoch, entry.message)
+            self._unsent.discard(packet_id)
+            self.stats.resent += 1
+            room -= 1
+
+    def _allocate_id(self) -> int | None:
+        for _ in range(MAX_PACKET_ID):
+            candidate = self._next_id
+            self._next_id = self._next_id % MAX_PACKET_ID + 1
+            if candidate not in self._inflight and candidate not in self._reserved:
+                return candidate
+        return None
+
+    # -- acknowledgements -------------------------------------------------------------------
+
+    def _on_session(self, message: SessionStarted) -> None:
+        # Acks of the old connection are committed before anything is re-sent; PUBRELs still
+        # due go out again below with everything in flight.
+        self._commit()
+        self._pubrels_due.clear()
+        self._unsent.clear()
+        self._epoch = message.epoch
+        self._connected = True
+        self._window = max(1, min(self._window_setting, message.receive_maximum))
+        if not message.session_present:
+            pubrels = [e for e in self._inflight.values() if e.state == "pubrel"]
+            if pubrels:
+                # The broker forgot the exchanges: a PUBREL would vanish. Publish again instead;
+                # the broker may already have delivered these once.
+                log.warning(
+                    "upstream session not present: re-publishing %d message(s) that were "
+                    "awaiting PUBCOMP (possible duplicates downstream)",
+                    len(pubrels),
+                )
+                self.stats.possible_duplicates += len(pubrels)
+                for entry in pubrels:
+                    entry.state = "publish"
+                self._store.publish_again(e.record.seq for e in pubrels)
+                self._commit()
+        if self._inflight:
+            self._resend_inflight()
+        if self._current is not None:
+            self._arm_timeout()  # a whole processing_timeout on the new connection
+        self._pump()
+
+    def _on_ack(self, ack: OutboundAck) -> None:
+        entry = self._inflight.get(ack.packet_id)
+        if entry is None or ack.epoch != self._epoch:
+            log.debug("ignored %s for packet id %d", ack.kind.value, ack.packet_id)
+            return
+        if ack.kind is AckType.PUBREC and not ack.failed:
+            # The broker has the PUBLISH; dying here re-sends it (DUP, same id) after restart.
+            crash_point("after_publish_before_pubrec")
+            entry.state = "pubrel"
+            self._store.set_state(entry.record.seq, "pubrel")
+            # The PUBREL leaves only after this state is committed (at the flush): a restart
+            # must re-send the PUBREL, never the PUBLISH the broker has already released.
+            self._pubrels_due.append(ack.packet_id)
+            self._schedule_flush()
+            return
+        if ack.kind is AckType.PUBCOMP:
+            # Our PUBREL reached the broker; dying here re-sends the PUBREL after restart.
+            crash_point("after_pubrec_before_pubcomp")
+        del self._inflight[ack.packet_id]
+        self._unsent.discard(ack.packet_id)
+        if ack.failed and ack.kind is not AckType.PUBCOMP:
+            # 0x97 quota exceeded and friends: the broker did not take the message.
+            self.stats.failed_acks += 1
+            entry.state = "failed"
+            log.warning(
+                "upstream refused packet %d (%s): will retry per %s",
+                ack.packet_id,
+                ack.reason,
+                self._strategy,
+            )
+            self._store.set_state(entry.record.seq, "failed")
+        else:
+            # A PUBCOMP is the end of the exchange whatever its code: 0x92 "packet id not
+            # found" means the broker completed it before (our PUBREL was a repeat).
+            entry.state = "acked"
+            self._store.set_state(entry.record.seq, "acked")
+        self._schedule_flush()
+
+    def _commit(self) -> bool:
+        """Write what waits and commit. False after a storage fault: rolled back, the writes
+        kept in the store for the retry that is now scheduled."""
+        assert self._store is not None
+        try:
+            self._store.commit()
+        except sqlite3.Error as error:
+            if not is_storage_fault(error):
+                raise
+            self._faults.failed(error, "forwarding waits (nothing leaves that is not recorded)")
+            return False
+        self._faults.succeeded()
+        return True
+
+    def _schedule_flush(self) -> None:
+        if not self._flush_pending:
+            self._flush_pending = True
+            tell_unless_dead(self.actor_ref, _Flush())
+
+    def _flush(self) -> None:
+        """After the acks that were waiting in the mailbox: commit, then act on them. An ack
+        not yet committed when we die is harmless: its message is re-sent with its id (QoS 2:
+        as PUBREL if 'pubrel' was committed, which the broker answers even for a finished
+        exchange; QoS 1: a duplicate the `fxgate-key` property lets a consumer drop)."""
+        self._flush_pending = False
+        if self._faults.waiting or not self._commit():
+            return  # the PUBRELs wait for their committed state (a retry is scheduled)
+        due, self._pubrels_due = self._pubrels_due, []
+        if due and self._connected and self._client is not None:
+            self._client.send_pubrels(self._epoch, due)
+        if self._unsent:
+            self._flush_unsent()
+        self._pump()
+
+    # -- processing timeout -----------------------------------------------------------------
+
+    def _arm_timeout(self) -> None:
+        current = self._current
+        assert current is not None
+        if current.timer is not None:
+            current.timer.cancel()
+        current.generation += 1
+        generation = current.generation
+        current.timer = self._clock.call_later(
+            self._timeout, lambda: tell_unless_dead(self.actor_ref, _PackTimeout(generation))
+        )
+
+    def _stop_timeout(self) -> None:
+        current = self._current
+        if current is not None and current.timer is not None:
+            current.timer.cancel()
+            current.timer = None
+            current.generation += 1  # a timeout already in the mailbox is void
+
+    def _on_timeout(self, message: _PackTimeout) -> None:
+        current = self._current
+        if current is None or message.generation != current.generation or current.done:
+            return
+        if not self._connected:
+            return  # re-armed at the next SessionStarted
+        if self._faults.failing:
+            # Nothing could be re-sent and recorded meanwhile: a storage fault is no failed try.
+            self._arm_timeout()
+            return
+        unacked = [e for e in current.entries if e.state not in ("acked", "dead")]
+        current.attempts += 1
+        exhausted = self._strategy == "SKIP_ALL" or (
+            self._retries and current.attempts > self._retries
+        )
+        log.warning(
+            "pack %d: %d message(s) unacknowledged after %.0f s (attempt %d, %s)",
+            current.pack.pack_id,
+            len(unacked),
+            self._timeout,
+            current.attempts,
+            "giving up" if exhausted else "retrying",
+        )
+        if exhausted:
+            for entry in unacked:
+                if entry.message is not None and entry.message.packet_id in self._inflight:
+                    del self._inflight[entry.message.packet_id]
+                self._give_up(entry, "forward_failed")
+            self._pump()
+            return
+        self.stats.retries += 1
+        current.cursor = 0
+        for entry in unacked:
+            if entry.state == "failed":
+                entry.state = "queued"
+        if self._connected:
+            # RETRY_ALL: what is in flight goes again with DUP, what failed goes again anew.
+            for entry in unacked:
+                if entry.state in ("publish", "pubrel") and self._client is not None:
+                    if entry.state == "pubrel":
+                        self._client.send_pubrel(self._epoch, entry.message.packet_id)
+                    else:
+                        entry.message = dataclasses.replace(entry.message, dup=True)
+                        self._client.send_publish(self._epoch, entry.message)
+        self._arm_timeout()
+        self._send_some()
+
+    def _give_up(self, entry: _Entry, reason: str) -> None:
+        entry.state = "dead"
+        entry.reason = reason
+        self.stats.dead += 1
+        self._store.give_up(entry.record.seq, entry.attempts, reason)
+        self._commit()
+        log.warning("message %s not forwarded: %s", entry.record.message_key, reason)
+
+    def _forget(self, seqs: tuple[int, ...]) -> None:
+        """The inbound ledger recorded these as done upstream: their rows here can go."""
+        self._store.forget(seqs)
+        self._commit()
+        for seq in seqs:
+            self._known.pop(seq, None)
+
+    # -- status -----------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        return {
+            "connected": self._connected,
+            "window": self._window,
+            "in_flight": len(self._inflight),
+            "storage_error": self._faults.error,
+            **dataclasses.asdict(self.stats),
+        }

@@ -1,0 +1,466 @@
+"""SparkWriterActor: the only owner of the SparkSession; lands sealed packs in the tables.
+
+A Spark job costs about 0.1 s however small it is (DESIGN §4), so packs are coalesced into batches
+of up to `batch_max_rows` messages or `batch_max_seconds` of waiting. Each batch is exactly-once:
+1. its id and packs are recorded in the ledger (`begin_batch`) before the job,
+2. the job overwrites exactly the batch's partitions (dynamic mode), so a replay never appends,
+3. only then the ledger marks it committed and drops the payloads (`commit_batch`).
+A crash before 1 re-packs the rows; between 1 and 3 the recovery replays the same batch.
+
+The writer is one of the ledger's two sinks (DESIGN §7.1) and takes what the ledger feeds it on
+credit: at most `backlog_high` messages (and `backlog_high_bytes` of payload) handed over and not
+yet written; it grants credit again once no more than `backlog_low` wait. A slow or failing Spark
+leaves the rest waiting in the ledger, on disk: memory stays bounded, and the source is never
+paused for it (only the ledger's disk budget does that).
+
+A failed job is retried, same id and rows, after a backoff on the clock, for as long as it takes:
+its rows are durable in the ledger and must not be dropped because Spark is unwell. A job still
+running `processing_timeout` after it started is cancelled and retried the same way. While a batch
+waits for its retry, new packs wait behind it, which keeps batches in order.
+
+A ledger that cannot write (StorageUnavailable: disk full) is waited out the same way: a batch it
+could not begin goes back in front of the pending packs, and one whose commit it could not record
+is written again (the same partitions, overwritten) and committed at the retry. Each failure is a
+log line and a `WriterHealth` reported to the listener (status, /healthz); the first success after
+failures is one line more.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pykka
+
+from actors.backoff import Backoff
+from actors.clock import Clock, TimerHandle
+from actors.crashpoints import crash_point, crash_soon
+from actors.listener import WriterListener
+from actors.messages import BatchWritten, Grant, PackSealed, ReplayBatch, WriterHealth
+from actors.tell import tell_unless_dead
+from persistence.keys import READ_KEYS
+from persistence.records import TABLE, ReaderCount
+from persistence.storage_faults import StorageUnavailable
+from spark.batching import BatchCollector
+from spark.location import local_path
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from spark.tables import TableWriter
+
+# pyarrow, pyspark and the modules built on them (spark.schema, spark.tables) are imported in the
+# writer's own thread, in on_start: importing them takes about a second, and the ledger and the
+# source connection need not wait for it (after a restart, ingest resumes first).
+
+log = logging.getLogger(__name__)
+
+# How long an ask of the ledger may take before the attempt counts as failed and is retried (the
+# ledger answers within milliseconds unless it is stuck; a batch is never lost by a retry).
+LEDGER_ASK_TIMEOUT = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class _Deadline:
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    pass
+
+
+class SparkWriterActor(pykka.ThreadingActor):
+    def __init__(
+        self,
+        ledger,  # proxy of actors.ledger.InboundLedger
+        clock: Clock,
+        tables_dir: Path | str,
+        session_factory: Callable[[], object],
+        session_closer: Callable[[object], None] | None = None,
+        *,
+        batch_max_rows: int = 20_000,
+        batch_max_seconds: float = 2.0,
+        batch_max_bytes: int = 8 * 1024 * 1024,
+        processing_timeout: float = 20.0,
+        listener: WriterListener | None = None,
+        idempotency_key: str = "payload_hash",
+        table_writer: Callable[[object, Path | str], TableWriter] | None = None,
+        retry_backoff: Backoff | None = None,
+        backlog_high: int = 100_000,
+        backlog_low: int = 50_000,
+        backlog_high_bytes: int = 64 * 1024 * 1024,
+        events_filter: str | None = None,
+        max_payload_bytes: int = 1024 * 1024,
+        max_reads_per_message: int = 10_000,
+        readers: dict[str, ReaderCount] | None = None,
+    ) -> None:
+        super().__init__()
+        # Each reader's event-number counters as committed with the last batch (spark.gaps): a
+        # batch counts its reads on a copy, committed with the batch, so a replay never counts
+        # twice. Seeded from the ledger at start (the recovery).
+        self._readers: dict[str, ReaderCount] = dict(readers or {})
+        self._ledger = ledger
+        self._clock = clock
+        self._tables_dir = tables_dir
+        self._session_factory = session_factory
+        self._session_closer = session_closer
+        self._batch_max_seconds = batch_max_seconds
+        self._pending = BatchCollector(batch_max_rows, batch_max_bytes)
+        self._processing_timeout = processing_timeout
+        self._listener = listener or WriterListener()
+        self._read_key = READ_KEYS[idempotency_key]
+        # Payload-hash ids are unique per stored message already; field ids need claims.
+        self._claim_reads = idempotency_key != "payload_hash"
+        self._table_writer = table_writer
+        self._retry_backoff = retry_backoff or Backoff(1.0, 60.0, 0.25)
+        self._backlog_high = backlog_high
+        self._backlog_low = backlog_low
+        self._backlog_high_bytes = backlog_high_bytes
+        # The ledger's window (actors.feed): what it fed us and we wrote, and the limits granted.
+        self._written = 0
+        self._written_bytes = 0
+        self._limit = 0
+        self._limit_bytes = 0
+        # Records on topics matching this filter are life-cycle events: `events` table.
+        self._events_filter = events_filter
+        # Bigger payloads, or more events in one, are dead-lettered (spark.zebra limits).
+        self._max_payload_bytes = max_payload_bytes
+        self._max_reads = max_reads_per_message
+        self._deadline_timer: TimerHandle | None = None
+        self._generation = 0
+        self._failed: ReplayBatch | None = None  # waiting for its retry (`_retry_timer`)
+        self._session = None
+        self._tables: TableWriter | None = None
+        self.last_batch: BatchWritten | None = None
+        self.failures = 0
+        self._health = WriterHealth()
+        # While a retry is due, nothing else is written: batches stay in order. Set whenever
+        # `_failed` is, and also for a batch the ledger could not begin (no `_failed` then).
+        self._retry_timer: TimerHandle | None = None
+        self._replays: deque[ReplayBatch] = deque()
+
+    # -- life cycle -------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        # First, before even importing pyspark (a second or more): the ledger feeds the packs
+        # while the Spark session starts, they wait here within the credit, and a stop that
+        # comes meanwhile still lands them (the supervisor settles the ledger first).
+        self._give_credit()
+        from spark.tables import TableWriter, clean_staging
+
+        if self._table_writer is None:
+            self._table_writer = TableWriter
+        # A remote location (hdfs://, s3a://) keeps its leftovers: readers ignore them anyway.
+        local_tables = local_path(self._tables_dir)
+        if local_tables is not None:
+            removed = clean_staging(local_tables)
+            if removed:
+                log.info("removed %d leftover(s) of interrupted Spark jobs", len(removed))
+        self._session = self._session_factory()
+        self._tables = self._table_writer(self._session, self._tables_dir)
+        log.info("spark writer ready: tables in %s", self._tables_dir)
+
+    def on_stop(self) -> None:
+        if self._failed is None:
+            self._flush()
+        else:
+            log.warning(
+                "stopping with batch %d unwritten; the next start replays it",
+                self._failed.batch_id,
+            )
+        self._close_session()
+
+    def on_failure(self, exception_type, exception_value, traceback) -> None:
+        self._close_session()
+
+    def _close_session(self) -> None:
+        if self._session is not None and self._session_closer is not None:
+            self._session_closer(self._session)
+        self._session = None
+
+    # -- messages ---------------------------------------------------------------------------
+
+    def on_receive(self, message: object) -> None:
+        if isinstance(message, PackSealed):
+            if self._pending.add(message.pack):
+                self._flush()
+            elif self._deadline_timer is None:
+                self._generation += 1
+                generation = self._generation
+                self._deadline_timer = self._clock.call_later(
+                    self._batch_max_seconds,
+                    lambda: tell_unless_dead(self.actor_ref, _Deadline(generation)),
+                )
+        elif isinstance(message, _Deadline):
+            if message.generation == self._generation:
+                self._deadline_timer = None
+                self._flush()
+        elif isinstance(message, ReplayBatch):
+            if self._retry_timer is not None:
+                self._replays.append(message)  # after the one that waits, in order
+                return
+            self._replay(message)
+        elif isinstance(message, _Retry):
+            self._retry_timer = None
+            failed, self._failed = self._failed, None
+            if failed is not None:
+                log.info("retrying batch %d (attempt %d)", failed.batch_id, self.failures + 1)
+                self._ensure_session()
+                self._write(failed)
+            while self._replays and self._retry_timer is None:
+                self._replay(self._replays.popleft())
+            if self._retry_timer is None:
+                self._flush()
+        else:
+            log.warning("spark writer ignored %r", message)
+
+    def _replay(self, batch: ReplayBatch) -> None:
+        log.info("replaying batch %d (%d messages)", batch.batch_id, len(batch.records))
+        self._write(batch)
+
+    def _give_credit(self) -> None:
+        """Open the ledger's window (actors.feed) to `backlog_high` messages and
+        `backlog_high_bytes` beyond what is written, once no more than `backlog_low` of either
+        (bytes in proportion) is still open: a grant per batch or so, not per pack."""
+        low_bytes = self._backlog_high_bytes * self._backlog_low // max(self._backlog_high, 1)
+        if (
+            self._limit - self._written > self._backlog_low
+            and self._limit_bytes - self._written_bytes > low_bytes
+        ):
+            return
+        self._limit = self._written + self._backlog_high
+        self._limit_bytes = self._written_bytes + self._backlog_high_bytes
+        self._ledger.actor_ref.tell(Grant(TABLE, self._limit, self._limit_bytes))
+
+    def _flush(self) -> None:
+        if self._deadline_timer is not None:
+            self._deadline_timer.cancel()
+            self._deadline_timer = None
+        self._generation += 1
+        if not self._pending or self._retry_timer is not None:
+            return
+        packs = self._pending.take()
+        records = tuple(r for p in packs for r in p.records)
+        try:
+            batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get(
+                timeout=LEDGER_ASK_TIMEOUT
+            )
+        except (StorageUnavailable, pykka.Timeout) as error:
+            # Nothing was recorded (or, after a timeout, perhaps an empty batch that a later
+            # begin empties: its rows move to the next one): the packs go back in front.
+            self._pending.put_back(packs)
+            self._schedule_retry(None, error, len(records))
+            return
+        crash_point("after_batch_begin_before_job")
+        self._write(ReplayBatch(batch_id, records, credited=True))
+
+    # -- one batch --------------------------------------------------------------------------
+
+    def _write(self, batch: ReplayBatch) -> None:
+        from spark.schema import build_batch
+        from spark.tables import DEAD_LETTERS, EVENTS, READS
+
+        assert self._tables is not None
+        batch_id, records = batch.batch_id, batch.records
+        started = self._clock.monotonic()
+        tables = build_batch(
+            records,
+            batch_id,
+            read_key=self._read_key,
+            events_filter=self._events_filter,
+            max_payload_bytes=self._max_payload_bytes,
+            max_reads=self._max_reads,
+        )
+        try:
+            reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
+        except (StorageUnavailable, pykka.Timeout) as error:
+            self._schedule_retry(batch, error)
+            return
+        watchdog = self._clock.call_later(
+            self._processing_timeout, lambda: self._cancel_stuck(batch_id)
+        )
+        mid_job = crash_soon("mid_spark_job")
+        try:
+            written = self._tables.write_batch(
+                batch_id, {READS: reads, DEAD_LETTERS: tables.dead_letters, EVENTS: tables.events}
+            )
+        except Exception as error:  # Spark and py4j raise many kinds; every one is retried
+            self._schedule_retry(batch, error)
+            return
+        finally:
+            watchdog.cancel()
+            if mid_job is not None:
+                mid_job.cancel()
+        crash_point("after_spark_job_before_mark")
+        rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
+        events = written.get(EVENTS, 0)
+        readers = self._count_readers(reads)
+        try:
+            self._ledger.commit_batch(batch_id, rows, dead, readers).get(timeout=LEDGER_ASK_TIMEOUT)
+        except (StorageUnavailable, pykka.Timeout) as error:
+            # The files are written but not recorded: the retry overwrites the same partitions.
+            self._schedule_retry(batch, error)
+            return
+        if batch.credited:
+            self._written += len(records)
+            self._written_bytes += sum(len(r.payload) for r in records)
+            self._give_credit()
+        if self.failures:
+            log.info(
+                "Spark writes again: batch %d written after %d failed attempt(s) over %.0f s",
+                batch_id,
+                self.failures,
+                self._clock.wall() - (self._health.failing_since or self._clock.wall()),
+            )
+            self.failures = 0
+            self._report(
+                WriterHealth(
+                    total_failures=self._health.total_failures,
+                    last_error=self._health.last_error,
+                    last_failure_time=self._health.last_failure_time,
+                )
+            )
+        self._readers.update(readers)
+        self._retry_backoff.reset()
+        result = BatchWritten(
+            batch_id,
+            len(records),
+            rows,
+            dead,
+            self._clock.monotonic() - started,
+            events,
+            tuple(readers.values()),
+        )
+        self.last_batch = result
+        log.info(
+            "batch %d written: %d messages -> %d rows, %d dead letters in %.2f s",
+            batch_id,
+            result.messages,
+            rows,
+            dead,
+            result.seconds,
+        )
+        self._listener.batch_written(result)
+
+    def _count_readers(self, reads: pa.Table) -> dict[str, ReaderCount]:
+        """The counters of the readers in `reads` after its events, in arrival order (the
+        table's row order is the ledger's seq order, then each message's order)."""
+        from spark.gaps import ReaderCounter
+
+        counters: dict[str, ReaderCounter] = {}
+        reader_ids = reads.column("reader_id").to_pylist()
+        event_nums = reads.column("event_num").to_pylist()
+        for reader_id, event_num in zip(reader_ids, event_nums, strict=True):
+            counter = counters.get(reader_id)
+            if counter is None:
+                known = self._readers.get(reader_id)
+                counter = counters[reader_id] = (
+                    ReaderCounter()
+                    if known is None
+                    else ReaderCounter(
+                        known.received,
+                        known.without_event_num,
+                        known.missing,
+                        known.resets,
+                        known.last_event_num,
+                    )
+                )
+            counter.observe(event_num)
+        return {
+            reader_id: ReaderCount(
+                reader_id,
+                c.last_event_num,
+                c.received,
+                c.missing,
+                c.resets,
+                c.without_event_num,
+            )
+            for reader_id, c in counters.items()
+        }
+
+    def _ensure_session(self) -> None:
+        """A JVM that died (out of memory exits it) is started again before a retry."""
+        try:
+            self._session.sparkContext._jsc.sc().isStopped()
+            return
+        except Exception as error:  # py4j raises several kinds when the gateway is gone
+            log.error("Spark session lost (%s): starting a new one", type(error).__name__)
+        self._close_session()
+        self._session = self._session_factory()
+        self._tables = self._table_writer(self._session, self._tables_dir)
+
+    def _cancel_stuck(self, batch_id: int) -> None:
+        """Clock thread: the job outlived the processing timeout."""
+        log.error(
+            "batch %d not written within %.0f s: cancelling its Spark job",
+            batch_id,
+            self._processing_timeout,
+        )
+        if self._tables is not None:
+            self._tables.cancel()
+
+    def _schedule_retry(
+        self, batch: ReplayBatch | None, error: Exception, messages: int | None = None
+    ) -> None:
+        """One failed attempt: `batch` (None: a batch the ledger could not begin) waits for a
+        retry after the next backoff delay; nothing behind it is written meanwhile."""
+        self.failures += 1
+        self._failed = batch
+        delay = self._retry_backoff.next_delay()
+        what = str(error).splitlines()[0] if str(error) else type(error).__name__
+        log.error(
+            "%s (attempt %d): %s; retrying in %.1f s (its %d messages stay in the ledger)",
+            "a batch could not begin"
+            if batch is None
+            else f"batch {batch.batch_id}: Spark write failed",
+            self.failures,
+            what,
+            delay,
+            len(batch.records) if batch is not None else messages or 0,
+        )
+        self._retry_timer = self._clock.call_later(
+            delay, lambda: tell_unless_dead(self.actor_ref, _Retry())
+        )
+        now = self._clock.wall()
+        self._report(
+            WriterHealth(
+                failures=self.failures,
+                total_failures=self._health.total_failures + 1,
+                last_error=f"{type(error).__name__}: {what}",
+                last_failure_time=now,
+                failing_since=self._health.failing_since or now,
+                next_retry_time=now + delay,
+                waiting_batch=None if batch is None else batch.batch_id,
+            )
+        )
+
+    def _report(self, health: WriterHealth) -> None:
+        self._health = health
+        self._listener.writer_health(health)
+
+    def health(self) -> WriterHealth:
+        return self._health
+
+    def _owned_reads(self, batch_id: int, reads: pa.Table) -> pa.Table:
+        """Keep the reads whose id this batch owns, each once (first occurrence)."""
+        import pyarrow as pa
+
+        ids = reads.column("message_id").to_pylist()
+        owned = self._ledger.claim_reads(batch_id, ids).get(timeout=LEDGER_ASK_TIMEOUT)
+        seen: set[str] = set()
+        keep = []
+        for read_id in ids:
+            keep.append(read_id in owned and read_id not in seen)
+            seen.add(read_id)
+        dropped = len(ids) - sum(keep)
+        if dropped:
+            log.info(
+                "batch %d: %d read(s) already in the table, not written again", batch_id, dropped
+            )
+            return reads.filter(pa.array(keep))
+        return reads

@@ -1,0 +1,146 @@
+from actors.app.status import collect_status, format_status
+from actors.clock import SimulatedClock
+from actors.config.schema import load_config
+from actors.ledger import InboundLedger
+from actors.messages import Forwarded, Inbound
+from tests.actors.test_ledger import RecordingAcks, publish
+
+
+def running_report(now: float) -> dict:
+    return {
+        "now": now,
+        "table_lag_seconds": 12.5,
+        "data_dir": "/var/lib/fxgate",
+        "daemon": {
+            "running": True,
+            "pid": 4242,
+            "wall_time": now - 3,
+            "source": {
+                "state": "waiting",
+                "client_id": "fxgate-site1-gw1",
+                "connects": 3,
+                "disconnects": 3,
+                "last_reason": "connection lost",
+            },
+            "ledger": {
+                "paused_by": ["disk budget"],
+                "budget": {
+                    "paused": True,
+                    "describe": "[ledger] max_bytes = 4.00 GiB: 4.01 GiB used; "
+                    "min_free_bytes = 1.00 GiB: 20.00 GiB free",
+                },
+            },
+            "intake": {"waiting_messages": 17},
+            "lifecycle": [
+                {
+                    "name": "source",
+                    "client_id": "fxgate-site1-gw1",
+                    "state": "disconnected",
+                    "sequence_number": 3,
+                    "last_reason": "ConnectionLost",
+                }
+            ],
+        },
+        "ledger": {
+            "exists": True,
+            "pending_messages": 2000,
+            "awaiting_pubrel": 4,
+            "batches_open": 1,
+            "last_pack_id": 77,
+            "last_batch": {"batch_id": 9, "rows": 20000, "dead_letters": 2},
+        },
+        "tables": {"reads": 180000, "dead_letters": 2},
+    }
+
+
+def test_status_names_each_connection_depth_pause_and_the_table_lag_for_a_person():
+    text = format_status(running_report(now=1_800_000_000.0))
+    assert "daemon:     running (pid 4242, status written 3 s ago)" in text
+    assert "source:     waiting as fxgate-site1-gw1" in text
+    assert "last reason: connection lost" in text
+    assert "17 message(s) handed to the ledger" in text
+    assert (
+        "events:     source fxgate-site1-gw1: disconnected, sequence 3, last reason ConnectionLost"
+        in text
+    )
+    assert "and not yet stored; source paused: disk budget" in text
+    assert (
+        "PAUSED:     the ledger is at its disk budget ([ledger] max_bytes = 4.00 GiB: 4.01 GiB "
+        "used; min_free_bytes = 1.00 GiB: 20.00 GiB free)" in text
+    )
+    assert "2000 message(s) not yet in the table, 4 QoS 2 awaiting PUBREL" in text
+    assert "1 batch(es) open, last pack 77" in text
+    assert "table lag:  12.5 s, 2000 message(s)" in text
+    assert "last batch: 9 (20000 rows, 2 dead letters)" in text
+
+
+def test_collect_status_measures_each_sinks_lag_from_its_oldest_stored_read(tmp_path):
+    config = load_config(None, {"FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data")}, "gw")
+    clock = SimulatedClock()
+    ledger = InboundLedger.start(
+        config.gateway.ledger_path,
+        clock,
+        group_commit_max_delay=0.0,
+        forward_topic=lambda topic: True,
+    )
+    try:
+        acks = RecordingAcks(config.gateway.ledger_path)
+        ledger.tell(Inbound(publish(1, b"first"), acks))
+        acks.wait_for(1)
+        clock.advance(30.0)
+        ledger.tell(Inbound(publish(2, b"second"), acks))
+        acks.wait_for(2)
+        # The first one is upstream already; both still wait for the table.
+        ledger.tell(Forwarded((1,)))
+        ledger.proxy().stats().get(timeout=5)
+    finally:
+        ledger.stop()
+    report = collect_status(config, now=clock.wall() + 5.0)
+    assert report["ledger"]["pending_messages"] == 2
+    assert report["ledger"]["upstream_pending_messages"] == 1
+    assert report["table_lag_seconds"] == 35.0
+    assert report["upstream_lag_seconds"] == 5.0
+    assert report["daemon"] == {"running": False}
+    text = format_status(report)
+    assert "table lag:  35.0 s, 2 message(s)" in text
+    assert "upstream lag: 5.0 s, 1 message(s) not yet acknowledged upstream" in text
+    assert report["ledger"]["used_bytes"] > 0
+    assert "disk:       ledger uses " in text and "of its 4.00 GiB budget" in text
+
+
+def test_status_says_when_the_ledger_cannot_write_spark_fails_or_a_file_was_found_corrupt():
+    now = 1_800_000_000.0
+    report = running_report(now)
+    report["daemon"]["ledger"].update(
+        storage_error="database or disk is full (SQLITE_FULL)",
+        storage_failing_seconds=42.0,
+        storage_backlog=137,
+    )
+    report["daemon"]["spark"] = {
+        "failures": 4,
+        "total_failures": 9,
+        "last_error": "RuntimeError: Lost executor 0",
+        "next_retry_time": now + 8.0,
+    }
+    report["corrupt_files"] = ["/var/lib/fxgate/outbound.sqlite.corrupt-20261121T101500Z"]
+    text = format_status(report)
+    assert (
+        "STORAGE:    the ledger cannot write for 42 s (database or disk is full (SQLITE_FULL)): "
+        "nothing is acknowledged, 137 message(s) wait in memory" in text
+    )
+    assert "SPARK:      4 failed attempt(s) in a row (9 in all)" in text
+    assert "RuntimeError: Lost executor 0, next retry in 8 s" in text
+    assert "CORRUPT:    /var/lib/fxgate/outbound.sqlite.corrupt-20261121T101500Z" in text
+    calm = running_report(now)
+    calm["daemon"]["ledger"] = {"paused_by": []}
+    healthy = format_status(calm)
+    assert "PAUSED:" not in healthy
+    assert "STORAGE:" not in healthy and "SPARK:" not in healthy and "CORRUPT:" not in healthy
+
+
+def test_collect_status_lists_database_files_moved_aside_as_corrupt(tmp_path):
+    config = load_config(None, environ={"FXGATE__GATEWAY__DATA_DIR": str(tmp_path)})
+    moved = tmp_path / "ledger.sqlite.corrupt-20261121T101500Z"
+    moved.write_bytes(b"garbage")
+    report = collect_status(config)
+    assert report["corrupt_files"] == [str(moved)]

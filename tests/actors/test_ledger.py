@@ -1,0 +1,544 @@
+import sqlite3
+import threading
+
+import pykka
+import pytest
+
+from actors import ledger as ledger_actor
+from actors.clock import SimulatedClock
+from actors.ledger import InboundLedger
+from actors.messages import Committed, Forwarded, ForwardRecorded, Grant, Inbound, SessionStarted
+from actors.mqtt.client import AckKind, AckSender, InboundPublish, InboundPubrel
+from persistence import ledger_store
+from persistence.keys import message_key
+from persistence.records import TABLE, UPSTREAM
+from tests.harness.checks import wait_until
+
+TOPIC = "zebra/fx/fx9600-01/reads"
+
+
+def publish(packet_id, payload, qos=1, dup=False, epoch=1, topic=TOPIC):
+    return InboundPublish(
+        epoch=epoch,
+        packet_id=packet_id,
+        qos=qos,
+        dup=dup,
+        retain=False,
+        topic=topic,
+        topic_valid_utf8=True,
+        payload=payload,
+        expiry_interval=None,
+        received_monotonic=0.0,
+    )
+
+
+class Acks(AckSender):
+    """Records every ack, (kind, packet id), in the order sent."""
+
+    def __init__(self):
+        self.acks = []
+        self.cond = threading.Condition()
+
+    def send_ack(self, epoch, kind, packet_id):
+        with self.cond:
+            self.acks.append((kind, packet_id))
+            self.cond.notify_all()
+        return True
+
+    def wait_for(self, count, timeout=10):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.acks) >= count, timeout), self.acks
+            return list(self.acks)
+
+
+class RecordingAcks(Acks):
+    """Records every ack and, at the moment it is sent, what another connection sees in the DB."""
+
+    def __init__(self, db_path):
+        super().__init__()
+        self.db_path = db_path
+        self.visible_at_ack = []
+
+    def send_ack(self, epoch, kind, packet_id):
+        with sqlite3.connect(self.db_path) as other:
+            rows = other.execute("SELECT message_key, packet_id FROM inbound").fetchall()
+        # One hold of the (reentrant) lock: a waiter that sees the ack sees what was visible too.
+        with self.cond:
+            self.visible_at_ack.append(dict(rows))
+            return super().send_ack(epoch, kind, packet_id)
+
+
+class Listener:
+    """A sink's feed target: records every Committed it is told."""
+
+    def __init__(self):
+        self.records = []
+        self.told = []
+        self.cond = threading.Condition()
+
+    def tell(self, message):
+        with self.cond:
+            self.told.append(message)
+            if isinstance(message, Committed):
+                self.records.extend(message.records)
+            self.cond.notify_all()
+
+    def wait_for(self, count, timeout=5):
+        with self.cond:
+            assert self.cond.wait_for(lambda: len(self.records) >= count, timeout), self.records
+            return list(self.records)
+
+
+def listen(ledger, sink=TABLE, credit=10_000):
+    """A listener wired to `sink`'s feed, with `credit` messages (and bytes enough)."""
+    listener = Listener()
+    wire = ledger.proxy().set_listener if sink == TABLE else ledger.proxy().set_forwarder
+    wire(listener).get(timeout=5)
+    if credit:
+        ledger.tell(Grant(sink, credit, 10**9))
+    return listener
+
+
+@pytest.fixture
+def db_path(tmp_path):
+    return tmp_path / "ledger.sqlite"
+
+
+@pytest.fixture
+def start_ledger(db_path):
+    started = []
+
+    def start(clock=None, **options):
+        options.setdefault("group_commit_max_delay", 0.0)
+        ref = InboundLedger.start(db_path, clock or SimulatedClock(), **options)
+        started.append(ref)
+        return ref
+
+    yield start
+    for ref in started:
+        if ref.is_alive():
+            ref.stop()
+
+
+def rows(db_path):
+    with sqlite3.connect(db_path) as conn:
+        return conn.execute(
+            "SELECT message_key, packet_id, payload FROM inbound "
+            "LEFT JOIN payloads USING (seq) ORDER BY seq"
+        ).fetchall()
+
+
+def test_qos1_puback_leaves_only_after_the_row_is_committed(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    for pid in (1, 2, 3):
+        ledger.tell(Inbound(publish(pid, f'{{"n": {pid}}}'.encode()), acks))
+    assert acks.wait_for(3) == [(AckKind.PUBACK, 1), (AckKind.PUBACK, 2), (AckKind.PUBACK, 3)]
+    for pid, visible in zip((1, 2, 3), acks.visible_at_ack, strict=True):
+        assert message_key(TOPIC, f'{{"n": {pid}}}'.encode()) in visible
+
+
+def test_qos2_pubrec_leaves_only_after_the_row_and_its_packet_id_are_committed(
+    start_ledger, db_path
+):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(42, b"read", qos=2), acks))
+    assert acks.wait_for(1) == [(AckKind.PUBREC, 42)]
+    assert acks.visible_at_ack[0] == {message_key(TOPIC, b"read"): 42}
+
+
+def test_qos2_pubcomp_follows_the_committed_release(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(42, b"read", qos=2), acks))
+    ledger.tell(Inbound(InboundPubrel(epoch=1, packet_id=42), acks))
+    assert acks.wait_for(2)[1] == (AckKind.PUBCOMP, 42)
+    assert acks.visible_at_ack[1] == {message_key(TOPIC, b"read"): None}
+
+
+def test_a_redelivered_qos1_message_is_acked_again_without_a_second_row(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(7, b"same"), acks))
+    ledger.tell(Inbound(publish(7, b"same", dup=True), acks))
+    assert acks.wait_for(2) == [(AckKind.PUBACK, 7), (AckKind.PUBACK, 7)]
+    assert len(rows(db_path)) == 1
+    assert ledger.proxy().stats().get(timeout=5)["duplicates"] == 1
+
+
+def test_a_resent_qos2_publish_gets_pubrec_again_and_one_row(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(9, b"q2", qos=2), acks))
+    ledger.tell(Inbound(publish(9, b"q2", qos=2, dup=True), acks))
+    ledger.tell(Inbound(InboundPubrel(1, 9), acks))
+    assert acks.wait_for(3) == [(AckKind.PUBREC, 9), (AckKind.PUBREC, 9), (AckKind.PUBCOMP, 9)]
+    assert rows(db_path) == [(message_key(TOPIC, b"q2"), None, b"q2")]
+
+
+def test_a_restarted_ledger_still_knows_the_qos2_exchanges_awaiting_pubrel(start_ledger, db_path):
+    first = start_ledger()
+    acks = RecordingAcks(db_path)
+    first.tell(Inbound(publish(11, b"in flight", qos=2), acks))
+    acks.wait_for(1)
+    first.stop()
+
+    second = start_ledger()
+    assert second.proxy().stats().get(timeout=5)["awaiting_pubrel"] == 1
+    second.tell(Inbound(InboundPubrel(2, 11), acks))
+    assert acks.wait_for(2)[1] == (AckKind.PUBCOMP, 11)
+    stats = second.proxy().stats().get(timeout=5)
+    assert stats["unknown_pubrel"] == 0
+    assert stats["awaiting_pubrel"] == 0
+
+
+def test_a_pubrel_for_an_unknown_packet_id_is_counted_and_still_completed(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(InboundPubrel(1, 99), acks))
+    assert acks.wait_for(1) == [(AckKind.PUBCOMP, 99)]
+    assert ledger.proxy().stats().get(timeout=5)["unknown_pubrel"] == 1
+
+
+def test_a_lost_broker_session_clears_the_packet_ids_so_a_reused_id_is_a_new_message(
+    start_ledger, db_path
+):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(5, b"old", qos=2), acks))
+    acks.wait_for(1)
+    ledger.tell(SessionStarted(epoch=2, session_present=False))
+    ledger.tell(Inbound(publish(5, b"new", qos=2, epoch=2), acks))
+    acks.wait_for(2)
+    assert [r[:2] for r in rows(db_path)] == [
+        (message_key(TOPIC, b"old"), None),
+        (message_key(TOPIC, b"new"), 5),
+    ]
+
+
+def test_acks_wait_for_the_group_commit_timer_on_the_clock(start_ledger, db_path):
+    clock = SimulatedClock()
+    ledger = start_ledger(clock, group_commit_max_delay=0.005, group_commit_max_messages=100)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"a"), acks))
+    ledger.tell(Inbound(publish(2, b"b"), acks))
+    assert clock.wait_for_timers(1)
+    ledger.proxy().counts.get(timeout=5)  # both publishes handled
+    assert acks.acks == []
+    assert rows(db_path) == []  # nothing committed yet
+    clock.advance(0.005)
+    assert acks.wait_for(2) == [(AckKind.PUBACK, 1), (AckKind.PUBACK, 2)]
+    assert ledger.proxy().counts.get(timeout=5)["commits"] == 1
+
+
+def test_a_full_group_commits_without_waiting_for_the_timer(start_ledger, db_path):
+    clock = SimulatedClock()
+    ledger = start_ledger(clock, group_commit_max_delay=10.0, group_commit_max_messages=3)
+    acks = RecordingAcks(db_path)
+    for pid in (1, 2, 3):
+        ledger.tell(Inbound(publish(pid, bytes([pid])), acks))
+    assert len(acks.wait_for(3)) == 3
+
+
+def test_the_listener_gets_new_rows_in_arrival_order_and_no_duplicates(start_ledger, db_path):
+    ledger = start_ledger()
+    listener = listen(ledger)
+    acks = RecordingAcks(db_path)
+    for pid, payload in [(1, b"x"), (2, b"y"), (3, b"x"), (4, b"z")]:
+        ledger.tell(Inbound(publish(pid, payload), acks))
+    acks.wait_for(4)
+    with listener.cond:
+        assert listener.cond.wait_for(lambda: len(listener.records) >= 3, 5)
+    assert [r.payload for r in listener.records] == [b"x", b"y", b"z"]
+    assert [r.seq for r in listener.records] == sorted(r.seq for r in listener.records)
+
+
+def test_recovery_replays_open_batches_and_repacks_loose_rows(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    for pid in range(1, 6):
+        ledger.tell(Inbound(publish(pid, bytes([pid])), acks))
+    acks.wait_for(5)
+    proxy = ledger.proxy()
+    landed = proxy.begin_batch([(1, [1, 2])]).get(timeout=5)
+    proxy.commit_batch(landed, 2, 0).get(timeout=5)
+    open_batch = proxy.begin_batch([(2, [3]), (3, [4])]).get(timeout=5)
+    ledger.stop()
+
+    restarted = start_ledger()
+    recovery = restarted.proxy().recovery().get(timeout=5)
+    assert [(b, [r.seq for r in recs]) for b, recs in recovery.open_batches] == [
+        (open_batch, [3, 4])
+    ]
+    assert [r.pack_id for r in recovery.open_batches[0][1]] == [2, 3]
+    assert recovery.loose == 1
+    assert recovery.next_pack_id == 4
+    # The loose row goes to the listener once there is one, read back from the database.
+    listener = listen(restarted)
+    with listener.cond:
+        assert listener.cond.wait_for(lambda: listener.records, 5)
+    assert [r.seq for r in listener.records] == [5]
+
+
+def test_a_landed_batch_drops_its_payloads_but_keeps_keys_to_refuse_redeliveries(
+    start_ledger, db_path
+):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"landed"), acks))
+    acks.wait_for(1)
+    proxy = ledger.proxy()
+    proxy.commit_batch(proxy.begin_batch([(1, [1])]).get(timeout=5), 1, 0).get(timeout=5)
+    assert rows(db_path) == [(message_key(TOPIC, b"landed"), None, None)]
+    ledger.tell(Inbound(publish(1, b"landed", dup=True), acks))
+    acks.wait_for(2)
+    assert len(rows(db_path)) == 1
+
+
+def test_landed_keys_are_pruned_after_the_retention_on_the_clock(start_ledger, db_path):
+    clock = SimulatedClock()
+    ledger = start_ledger(clock, retention_seconds=100.0)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"old"), acks))
+    acks.wait_for(1)
+    proxy = ledger.proxy()
+    proxy.commit_batch(proxy.begin_batch([(1, [1])]).get(timeout=5), 1, 0).get(timeout=5)
+    clock.advance(101)
+    ledger.tell(Inbound(publish(2, b"new"), acks))
+    acks.wait_for(2)
+    proxy.commit_batch(proxy.begin_batch([(2, [2])]).get(timeout=5), 1, 0).get(timeout=5)
+    assert [r[0] for r in rows(db_path)] == [message_key(TOPIC, b"new")]
+
+
+@pytest.mark.parametrize(("durability", "level"), [("process", 1), ("power", 2)])
+def test_durability_setting_chooses_the_sqlite_synchronous_level(db_path, durability, level):
+    from persistence.database import open_engine
+
+    engine = open_engine(db_path, durability)
+    with engine.connect() as conn:
+        assert conn.exec_driver_sql("PRAGMA synchronous").scalar() == level
+        assert conn.exec_driver_sql("PRAGMA journal_mode").scalar() == "wal"
+    engine.dispose()
+
+
+def test_received_time_is_the_injected_clocks_wall_time(start_ledger, db_path):
+    # Not time.time(): freezegun cannot freeze it on an actor thread, where pykka (on its
+    # ignore list, DESIGN §6) is always within the frames freezegun inspects.
+    clock = SimulatedClock(start_monotonic=0.0, start_wall=1_795_248_000.0)
+    ledger = start_ledger(clock)
+    listener = listen(ledger)
+    clock.advance(2.5)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"t"), acks))
+    acks.wait_for(1)
+    with listener.cond:
+        assert listener.cond.wait_for(lambda: listener.records, 5)
+    assert listener.records[0].received_time == 1_795_248_002.5
+
+
+def test_asking_a_stopped_ledger_fails_loudly(start_ledger):
+    ledger = start_ledger()
+    proxy = ledger.proxy()
+    ledger.stop()
+    with pytest.raises(pykka.ActorDeadError):
+        proxy.stats().get(timeout=5)
+
+
+def test_read_claims_give_each_read_id_to_one_batch_and_the_same_answer_on_replay(start_ledger):
+    proxy = start_ledger().proxy()
+    assert proxy.claim_reads(1, ["a", "b"]).get(timeout=5) == {"a", "b"}
+    assert proxy.claim_reads(2, ["b", "c"]).get(timeout=5) == {"c"}
+    # A replay of batch 1 after a crash owns exactly what it owned the first time.
+    assert proxy.claim_reads(1, ["a", "b"]).get(timeout=5) == {"a", "b"}
+
+
+def test_a_dup0_publish_reusing_a_qos1_packet_id_is_a_new_message(start_ledger, db_path):
+    ledger = start_ledger()
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(3, b"first"), acks))
+    ledger.tell(Inbound(publish(3, b"second", dup=False), acks))
+    assert acks.wait_for(2) == [(AckKind.PUBACK, 3), (AckKind.PUBACK, 3)]
+    assert [r[2] for r in rows(db_path)] == [b"first", b"second"]
+
+
+def test_rows_wait_in_the_ledger_without_credit_and_come_back_in_order_with_it(
+    start_ledger, db_path, monkeypatch
+):
+    """A sink that grants nothing (Spark failing, the upstream away) holds up neither the source
+    nor the other sink: every message is acknowledged once stored, and what the sink cannot
+    take waits on disk, read back in seq order, a chunk per turn, once it grants credit."""
+    monkeypatch.setattr(ledger_actor, "READ_BACK_CHUNK", 3)
+    ledger = start_ledger()
+    listener = listen(ledger, credit=1)
+    acks = RecordingAcks(db_path)
+    for pid in range(1, 12):
+        ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
+    assert len(acks.wait_for(11)) == 11  # the source is acknowledged all the same
+    assert [r.payload for r in listener.wait_for(1)] == [b"m1"]
+    stats = ledger.proxy().stats().get(timeout=5)
+    assert stats["feeds"]["table"]["behind_from"] == 2
+    assert stats["lag"]["table"]["messages"] == 11
+    assert [r.payload for r in listener.records] == [b"m1"]
+
+    ledger.tell(Grant(TABLE, 100, 10**9))
+    ledger.tell(Inbound(publish(12, b"after"), acks))
+    got = listener.wait_for(12)
+    assert [r.payload for r in got] == [b"m%d" % pid for pid in range(1, 12)] + [b"after"]
+    # Read back in chunks of three (the last one may hold the newest too), then caught up.
+    sizes = [len(m.records) for m in listener.told if isinstance(m, Committed)]
+    assert sizes[1:4] == [3, 3, 3] and all(size <= 3 for size in sizes[4:])
+    assert ledger.proxy().stats().get(timeout=5)["feeds"]["table"]["behind_from"] is None
+
+
+def test_a_byte_credit_stops_the_feed_after_the_record_that_spends_it(start_ledger, db_path):
+    ledger = start_ledger()
+    listener = Listener()
+    ledger.proxy().set_listener(listener).get(timeout=5)
+    ledger.tell(Grant(TABLE, 100, 5))
+    acks = RecordingAcks(db_path)
+    for pid in range(1, 5):
+        ledger.tell(Inbound(publish(pid, b"abc%d" % pid), acks))
+    acks.wait_for(4)
+    # 4 bytes each: the second spends the last byte (one payload may overshoot), the rest wait.
+    assert [r.payload for r in listener.wait_for(2)] == [b"abc1", b"abc2"]
+    ledger.proxy().stats().get(timeout=5)
+    assert len(listener.records) == 2
+
+
+def test_rows_no_sink_took_are_left_for_the_next_start_if_the_daemon_stops(start_ledger, db_path):
+    ledger = start_ledger()
+    listener = listen(ledger, credit=0)
+    acks = RecordingAcks(db_path)
+    for pid in range(1, 4):
+        ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
+    acks.wait_for(3)
+    ledger.stop()
+    assert listener.records == []
+
+    restarted = start_ledger()
+    assert restarted.proxy().recovery().get(timeout=5).loose == 3
+    again = listen(restarted)
+    assert [r.payload for r in again.wait_for(3)] == [b"m1", b"m2", b"m3"]
+
+
+def forwarding_ledger(start_ledger, **options):
+    """A ledger that forwards every topic but `zebra/local/...`."""
+    return start_ledger(forward_topic=lambda topic: not topic.startswith("zebra/local/"), **options)
+
+
+def test_each_sink_gets_the_rows_it_owes_on_its_own_feed(start_ledger, db_path):
+    ledger = forwarding_ledger(start_ledger)
+    table, upstream = listen(ledger, TABLE), listen(ledger, UPSTREAM)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"routed"), acks))
+    ledger.tell(Inbound(publish(2, b"local", topic="zebra/local/x/reads"), acks))
+    acks.wait_for(2)
+    assert [r.payload for r in table.wait_for(2)] == [b"routed", b"local"]
+    assert [r.payload for r in upstream.wait_for(1)] == [b"routed"]
+    ledger.proxy().stats().get(timeout=5)
+    assert len(upstream.records) == 1
+    assert [(r.to_table, r.to_upstream) for r in table.records] == [(True, True), (True, False)]
+
+
+def test_a_payload_goes_only_when_the_table_and_the_upstream_are_both_done(start_ledger, db_path):
+    ledger = forwarding_ledger(start_ledger)
+    listen(ledger, TABLE)
+    acks = RecordingAcks(db_path)
+    for pid in (1, 2):
+        ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
+    acks.wait_for(2)
+    proxy = ledger.proxy()
+    proxy.commit_batch(proxy.begin_batch([(1, [1, 2])]).get(timeout=5), 2, 0).get(timeout=5)
+    # Landed, but still owed upstream: the payloads stay.
+    assert [r[2] for r in rows(db_path)] == [b"m1", b"m2"]
+    outbound = Listener()
+    ledger.tell(Forwarded((1,), (), outbound))
+    assert wait_until(lambda: [r[2] for r in rows(db_path)] == [None, b"m2"], 5)
+    with outbound.cond:
+        assert outbound.cond.wait_for(lambda: outbound.told, 5)
+    assert outbound.told == [ForwardRecorded((1,))]
+    lag = proxy.stats().get(timeout=5)["lag"]
+    assert (lag["table"]["messages"], lag["upstream"]["messages"]) == (0, 1)
+
+
+def test_forwarded_first_and_landed_later_drops_the_payload_at_the_landing(start_ledger, db_path):
+    ledger = forwarding_ledger(start_ledger)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"m1"), acks))
+    acks.wait_for(1)
+    ledger.tell(Forwarded((1,)))
+    proxy = ledger.proxy()
+    proxy.stats().get(timeout=5)
+    assert [r[2] for r in rows(db_path)] == [b"m1"]  # the table still owes it
+    proxy.commit_batch(proxy.begin_batch([(1, [1])]).get(timeout=5), 1, 0).get(timeout=5)
+    assert [r[2] for r in rows(db_path)] == [None]
+
+
+def test_an_upstream_dead_letter_becomes_a_row_for_the_table_once_even_if_reported_twice(
+    start_ledger, db_path
+):
+    ledger = forwarding_ledger(start_ledger)
+    table = listen(ledger, TABLE)
+    acks = RecordingAcks(db_path)
+    ledger.tell(Inbound(publish(1, b"gave up"), acks))
+    acks.wait_for(1)
+    ledger.tell(Forwarded((), ((1, "forward_failed"),)))
+    ledger.tell(Forwarded((), ((1, "forward_failed"),)))  # again, after a restart of the sender
+    read, dead = table.wait_for(2)
+    assert (read.dead_reason, read.to_table) == (None, True)
+    assert (dead.dead_reason, dead.dead_sink, dead.payload) == (
+        "forward_failed",
+        "upstream",
+        b"gave up",
+    )
+    assert (dead.to_table, dead.to_upstream) == (True, False)
+    assert dead.message_key == message_key(TOPIC, b"gave up") + "/upstream"
+    ledger.proxy().stats().get(timeout=5)
+    assert len(rows(db_path)) == 2 and len(table.records) == 2
+
+
+def test_without_forwarding_a_start_clears_what_an_earlier_run_owed_upstream(start_ledger, db_path):
+    first = forwarding_ledger(start_ledger)
+    acks = RecordingAcks(db_path)
+    first.tell(Inbound(publish(1, b"m1"), acks))
+    acks.wait_for(1)
+    proxy = first.proxy()
+    proxy.commit_batch(proxy.begin_batch([(1, [1])]).get(timeout=5), 1, 0).get(timeout=5)
+    assert [r[2] for r in rows(db_path)] == [b"m1"]
+    first.stop()
+
+    second = start_ledger()  # forwarding off now
+    lag = second.proxy().stats().get(timeout=5)["lag"]
+    assert "upstream" not in lag
+    assert [r[2] for r in rows(db_path)] == [None]
+
+
+@pytest.mark.parametrize(
+    ("seqs", "runs"),
+    [
+        ([], []),
+        ([5], [(5, 5)]),
+        ([3, 1, 2, 2], [(1, 3)]),
+        ([1, 2, 4, 5, 9], [(1, 2), (4, 5), (9, 9)]),
+    ],
+)
+def test_seqs_become_runs_of_consecutive_numbers(seqs, runs):
+    assert ledger_store.seq_runs(seqs) == runs
+
+
+def test_settle_hands_each_sink_all_it_owes_at_once_within_its_credit(
+    start_ledger, db_path, monkeypatch
+):
+    """At a graceful stop the table's sink must get everything now, not a chunk per turn
+    (the packs stop next)."""
+    monkeypatch.setattr(ledger_actor, "READ_BACK_CHUNK", 2)
+    ledger = start_ledger()
+    listener = listen(ledger, credit=0)
+    acks = RecordingAcks(db_path)
+    for pid in range(1, 8):
+        ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
+    acks.wait_for(7)
+    ledger.tell(Grant(TABLE, 5, 10**9))
+    assert ledger.proxy().settle().get(timeout=5) == {TABLE: 6, UPSTREAM: None}
+    assert [r.payload for r in listener.records] == [b"m%d" % pid for pid in range(1, 6)]
