@@ -472,15 +472,15 @@ def common_setup(qos: int, messages: int, batch: int) -> dict:
         "reads_per_message": batch,
         "payload_bytes_mean": payload_bytes(batch),
         "topic": READERS_TOPIC.replace("+", "fx9600-NN"),
-        "publishers": f"actors.simulate.simulate: {PUBLISHING_READERS} readers, paho, window 20 "
-        "each, rate 0; every message acknowledged by the broker before the drain starts",
-        "broker": "actors.mosquitto.MosquittoProcess (mosquitto, loopback, persistence on, "
-        "autosave 1 s, max_queued_messages 1M, max_inflight_messages 1000), fresh per sample",
+        "publishers": f"actors.devtools.simulate.simulate: {PUBLISHING_READERS} readers, paho, "
+        "window 20 each, rate 0; every message acknowledged by the broker before the drain starts",
+        "broker": "actors.devtools.mosquitto.MosquittoProcess (mosquitto, loopback, persistence "
+        "on, autosave 1 s, max_queued_messages 1M, max_inflight_messages 1000), fresh per sample",
         "timed": "first PUBLISH decoded by the drainer -> its N-th final ack (PUBACK at QoS 1, "
         "PUBCOMP at QoS 2) handed to paho",
         "baseline_client": "bench/bare_subscriber.py: paho 2.2 Client, MQTT 5, manual_ack, "
         "persistent session, ack in on_message; no Receive Maximum sent (paho default)",
-        "fxgate_process": "bench/gateway_worker.py: actors.daemon.Gateway (the daemon's code: "
+        "fxgate_process": "bench/gateway_worker.py: actors.app.daemon.Gateway (the daemon's code: "
         "Supervisor, actors, status.json every 1 s) in its own process with one warm Spark "
         "session reused by every run; fresh ledger and tables per sample; Receive Maximum 200 "
         "(packs.max_messages)",

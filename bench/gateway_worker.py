@@ -2,7 +2,7 @@
 
     python -m bench.gateway_worker WORKDIR SPARK_ENV_JSON
 
-The process is what `fxgate run` is — `actors.daemon.Gateway` with its `Supervisor`, its actors,
+The process is what `fxgate run` is — `actors.app.daemon.Gateway` with its `Supervisor`, its actors,
 its status file every second and its Spark writer — with two differences, both for measuring:
 
 1. One SparkSession for the life of the worker, started and warmed up before anything is timed.

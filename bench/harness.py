@@ -3,12 +3,13 @@
 A round is always set up the same way for the baseline and for fxgate, so that the only thing
 that differs is who drains the queue:
 
-1. a fresh mosquitto (`actors.mosquitto.MosquittoProcess`, the project's deliberate config:
+1. a fresh mosquitto (`actors.devtools.mosquitto.MosquittoProcess`, the project's deliberate config:
    1M queued messages per client, autosave every second) in a directory of its own;
 2. a persistent session for the drainer's client id, subscribed to the readers' topic filter at
    the round's QoS, then disconnected (the broker now queues for it);
-3. N messages published by the project's FX9600 simulator (`actors.simulate.simulate`, paho,
-   window 20 per reader, rate 0 = flat out) and acknowledged by the broker;
+3. N messages published by the project's FX9600 simulator
+   (`actors.devtools.simulate.simulate`, paho, window 20 per reader, rate 0 = flat out) and
+   acknowledged by the broker;
 4. the drainer connects and is timed from the first PUBLISH it decodes to its N-th final ack.
 """
 

@@ -615,7 +615,7 @@ def run(ctx: Context) -> dict:
             "fxgate": "bench.gateway_worker (the daemon's Gateway, warm JVM), fresh broker, "
             "ledger and tables per sample; default config, and the low-latency row with "
             + ", ".join(f"{k}={v}" for k, v in LOW_LATENCY.items()),
-            "broker": "actors.mosquitto.MosquittoProcess defaults, fresh per sample",
+            "broker": "actors.devtools.mosquitto.MosquittoProcess defaults, fresh per sample",
             "poll_seconds": POLL_SECONDS,
         },
         "levels": levels,

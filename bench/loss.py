@@ -4,9 +4,9 @@ For each QoS, two runs on fresh brokers, one per contestant, each forwarding fro
 broker to an upstream broker while the project's FX9600 simulator publishes M messages to the
 source at a steady rate:
 
-- fxgate: `python -m actors.cli run` (tests.harness.daemon.DaemonProcess) with [upstream] and one
-  route at the run's QoS; each kill is SIGKILL of the daemon (then of the Spark JVM it left), and
-  a new daemon is spawned at once on the same data directory;
+- fxgate: `python -m actors.app.cli run` (tests.harness.daemon.DaemonProcess) with [upstream] and
+  one route at the run's QoS; each kill is SIGKILL of the daemon (then of the Spark JVM it left),
+  and a new daemon is spawned at once on the same data directory;
 - bridge: the bridging mosquitto of bench.bridge (persistence on, autosave every second,
   cleansession false), SIGKILLed and started again on the same persistence file.
 
@@ -301,8 +301,8 @@ def loss(ctx: Context) -> dict:
             "qos_levels": list(setup["qos"]),
             "messages_per_run": messages,
             "readers": PUBLISHING_READERS,
-            "fxgate": "python -m actors.cli run, defaults + [upstream] + one route at the run's "
-            "QoS; SIGKILL of the daemon, then of its Spark JVM; respawned at once",
+            "fxgate": "python -m actors.app.cli run, defaults + [upstream] + one route at the "
+            "run's QoS; SIGKILL of the daemon, then of its Spark JVM; respawned at once",
             "bridge": "mosquitto 2.0.11, deliberate config (persistence, autosave 1 s), bridge "
             "`in` from the source and `out` to the upstream, mqttv311, cleansession false "
             "(bench/bridge.py); SIGKILL, restarted at once on its persistence file",

@@ -261,7 +261,7 @@ class Sampler:
 
 def status_fields(status: dict) -> dict:
     """What this benchmark keeps of one status.json (actors.supervisor `status()`; the ledger's
-    part is persistence.inbound_ledger `stats()`, tier 2's actors.buffer `status()`)."""
+    part is actors.ledger `stats()`, tier 2's actors.buffer `status()`)."""
     buffer = status.get("buffer") or {}
     ledger = status.get("ledger") or {}
     lag = ledger.get("lag") or {}
@@ -503,7 +503,7 @@ def fit_growth(samples: list[dict], key: str, start: float, end: float) -> dict 
     }
 
 
-# The daemon's log format (actors.daemon.configure_logging): asctime first, local time.
+# The daemon's log format (actors.app.daemon.configure_logging): asctime first, local time.
 _LOG_TIME = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
 # Since issue 12 only the disk budget pauses the source ("ledger at its disk budget (...): source
 # paused, ..." / "ledger back within its disk budget (...): source resumed"); the tier-2 form
@@ -788,12 +788,12 @@ def assemble(
             "outage": "FaultProxy between fxgate and the upstream mosquitto: refuse() new "
             "connections and cut() the live one; accept() to end it. The upstream subscriber "
             "connects directly and stays connected.",
-            "daemon": "`python -m actors.cli run --config fxgate.toml` (a subprocess; Spark "
+            "daemon": "`python -m actors.app.cli run --config fxgate.toml` (a subprocess; Spark "
             "defaults: local[2], 512m driver)",
-            "brokers": "two mosquitto (actors.mosquitto.MosquittoProcess: 1M queued messages "
-            "per client, autosave every second) on free loopback ports",
-            "publisher": "actors.simulate.simulate: paced, window 20 per reader; publishes for "
-            "warm-up + outage, then stops",
+            "brokers": "two mosquitto (actors.devtools.mosquitto.MosquittoProcess: 1M queued "
+            "messages per client, autosave every second) on free loopback ports",
+            "publisher": "actors.devtools.simulate.simulate: paced, window 20 per reader; "
+            "publishes for warm-up + outage, then stops",
             "fxgate_config": config_text,
         },
         "marks": marks,

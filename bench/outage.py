@@ -49,9 +49,9 @@ import matplotlib
 import matplotlib.ticker
 import numpy as np
 
-from actors.daemon import STATUS_FILE
-from actors.mosquitto import MosquittoProcess
-from actors.simulate import expected_read_ids
+from actors.app.daemon import STATUS_FILE
+from actors.devtools.mosquitto import MosquittoProcess
+from actors.devtools.simulate import expected_read_ids
 from bench.benchmarks import QUIET_OTHER_CORES, Benchmark, Context
 from bench.harness import READERS_TOPIC, REPO, BenchError, LoadMeter, wait_for_quiet
 from bench.latency import TableWatcher, join, publish_times
@@ -618,7 +618,7 @@ def summarize(
 
     # The ledger's growth: used pages (the disk budget's measure) and its files, during the
     # outage and, for comparison, without one. With both sinks up it grows too: a landed row's
-    # key stays for the redelivery retention (persistence.inbound_ledger, ~70 min); during the
+    # key stays for the redelivery retention (actors.ledger, ~70 min); during the
     # outage every payload stays as well, until the upstream has it.
     outage_rate = published_in["outage"] / (end - start) if end > start else None
     ledger_growth: dict[str, dict] = {}
@@ -870,7 +870,7 @@ def assemble(ctx: Context, runs: dict[str, dict], skipped: dict[str, str]) -> di
             "ledger_growth": "least-squares slope, per phase (no_outage, outage, "
             "after_drain), of status.json ledger.budget.used_bytes (used pages) and of "
             "ledger.sqlite + -wal's size; per message: / the publish rate in that phase",
-            "publisher": "bench.recovery.SteadyPublisher: actors.simulate in "
+            "publisher": "bench.recovery.SteadyPublisher: actors.devtools.simulate in "
             f"{PUBLISH_CHUNK_SECONDS:.0f}-s chunks, 4 readers, paced, QoS 1",
             "outage": "FaultProxy between fxgate and the upstream mosquitto: refuse() and cut(), "
             "then accept(); the upstream subscriber connects directly",

@@ -28,7 +28,7 @@ def _thread_role(name: str | None) -> str:
 
 
 def _short(frame: str) -> str:
-    """'send_ack (actors/mqtt_client.py:103)' -> 'send_ack (mqtt_client.py)'"""
+    """'send_ack (actors/mqtt/client.py:103)' -> 'send_ack (mqtt_client.py)'"""
     match = _FRAME.match(frame)
     if not match:
         return frame

@@ -4,9 +4,9 @@ written straight onto the socket. Only `bench.latency` uses it.
     python -m bench.publisher HOST PORT OUT --readers fx9600-01,fx9600-02 --rate R --count N
                               [--seed S] [--client-id-prefix P] [--window W]
 
-Why not the project's simulator (`actors.simulate`, paho): it topped out at 5-8k msg/s on this
-2-vCPU machine while fxgate ingests ~20k msg/s, and every core the load generator burns is taken
-from the gateway being measured. paho spends tens of microseconds of Python per QoS 1 message
+Why not the project's simulator (`actors.devtools.simulate`, paho): it topped out at 5-8k msg/s on
+this 2-vCPU machine while fxgate ingests ~20k msg/s, and every core the load generator burns is
+taken from the gateway being measured. paho spends tens of microseconds of Python per QoS 1 message
 (packet objects, its in-flight scan, a lock per call); here a message costs a template fill, a
 sha256 and a slice of one `sendall` per connection per tick, so the bench can offer 90 % of the
 ceiling and still leave the CPU to fxgate, mosquitto and the JVM.

@@ -383,10 +383,10 @@ def summarize(records, landed, exit_code, machine_load, watcher, publisher) -> d
             "kills": len(records),
             "steady_lag_seconds": STEADY_LAG_SECONDS,
             "kill_after_steady_seconds": list(STEADY_SECONDS),
-            "daemon": "python -m actors.cli run (default configuration, FXGATE__ overrides for "
+            "daemon": "python -m actors.app.cli run (default configuration, FXGATE__ overrides for "
             "broker, data dir and ids), cold start each time: a new Spark JVM",
-            "broker": "actors.mosquitto.MosquittoProcess defaults; persistent session created "
-            "before the first start",
+            "broker": "actors.devtools.mosquitto.MosquittoProcess defaults; persistent session "
+            "created before the first start",
             "ledger_poll_seconds": LEDGER_POLL_SECONDS,
             "config": config,
         },
