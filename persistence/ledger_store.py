@@ -382,6 +382,18 @@ class LedgerStore:
             ).fetchone()
         return SinkLag(sink, count, oldest)
 
+    def batch_counts(self) -> tuple[int, int]:
+        """(batches committed, batches begun and not committed)."""
+        rows = dict(self._run("SELECT state, count(*) FROM batches GROUP BY state").fetchall())
+        return rows.get("committed", 0), rows.get("writing", 0)
+
+    def last_batch(self) -> tuple[int, float, int, int] | None:
+        """(batch id, committed time, rows, dead letters) of the newest committed batch."""
+        return self._run(
+            "SELECT batch_id, committed_time, rows, dead_letters FROM batches "
+            "WHERE state = 'committed' ORDER BY batch_id DESC LIMIT 1"
+        ).fetchone()
+
     def pending(self) -> int:
         """Rows not yet in the table (in a batch or not)."""
         (count,) = self._run("SELECT count(*) FROM inbound WHERE landed_time IS NULL").fetchone()

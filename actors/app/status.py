@@ -40,14 +40,8 @@ def _ledger(path: Path) -> dict:
     engine = open_engine(path, readonly=True)
     store = LedgerStore(engine, path)
     try:
-
-        def scalar(sql: str):
-            return store.conn.exec_driver_sql(sql).scalar()
-
-        last = store.conn.exec_driver_sql(
-            "SELECT batch_id, committed_time, rows, dead_letters FROM batches "
-            "WHERE state = 'committed' ORDER BY batch_id DESC LIMIT 1"
-        ).first()
+        last = store.last_batch()
+        committed, open_batches = store.batch_counts()
         table, upstream = store.lag(TABLE), store.lag(UPSTREAM)
         usage = store.usage()
         return {
@@ -62,8 +56,8 @@ def _ledger(path: Path) -> dict:
             "free_bytes": usage.free_bytes,
             "last_pack_id": store.counter(PACK_COUNTER) or None,
             "awaiting_pubrel": len(store.awaiting_pubrel()),
-            "batches_committed": scalar("SELECT count(*) FROM batches WHERE state = 'committed'"),
-            "batches_open": scalar("SELECT count(*) FROM batches WHERE state = 'writing'"),
+            "batches_committed": committed,
+            "batches_open": open_batches,
             "last_batch": None
             if last is None
             else {

@@ -263,3 +263,15 @@ def test_a_reader_asks_for_the_daemon_to_migrate_a_file_of_the_previous_schema(p
     v1_file(path)
     with pytest.raises(SchemaTooOld, match="start the daemon"):
         open_engine(path, readonly=True)
+
+
+def test_batches_are_counted_by_state_and_the_newest_committed_is_named(store):
+    assert (store.batch_counts(), store.last_batch()) == ((0, 0), None)
+    put(store, 1)
+    put(store, 2)
+    first = store.begin_batch([(1, [1])], NOW)
+    store.commit_batch(first, 1, 0, NOW + 5, retention=3600)
+    store.begin_batch([(2, [2])], NOW + 6)
+    store.commit()
+    assert store.batch_counts() == (1, 1)
+    assert store.last_batch() == (first, NOW + 5, 1, 0)
