@@ -60,7 +60,7 @@ from bench.recovery import SteadyPublisher
 from spark.report import compare, landed_ids_arrow
 from spark.tables import READS, table_path
 from tests.harness.checks import wait_until_landed
-from tests.harness.daemon import DaemonProcess
+from tests.harness.daemon import CLI_MODULE, DaemonProcess
 from tests.harness.proxy import FaultProxy
 
 matplotlib.use("Agg")
@@ -294,7 +294,13 @@ def run_scenario(ctx: Context, scenario: Scenario, old: dict | None) -> dict:
         proxy.start()
         config_text = write_config(directory / "fxgate.toml", data, source, proxy)
         tally.start()
-        daemon = DaemonProcess(directory, env, directory / "fxgate.toml")
+        daemon = DaemonProcess(
+            directory,
+            env,
+            directory / "fxgate.toml",
+            # The command line lived in actors/cli.py before the house was restructured.
+            cli_module="actors.cli" if scenario.code == "old" else CLI_MODULE,
+        )
         t0, wall0 = time.monotonic(), time.time()
         daemon.start()
         daemon.wait_for_log(r"source: subscribed", timeout=240)

@@ -19,17 +19,28 @@ import pytest
 
 from tests.harness.watched_process import WatchedProcess
 
+# The command-line module `fxgate` runs (setup.cfg's entry point).
+CLI_MODULE = "actors.app.cli"
+
 
 class DaemonProcess(WatchedProcess):
-    def __init__(self, workdir: Path, env: Mapping[str, str], config_path: Path | None = None):
+    def __init__(
+        self,
+        workdir: Path,
+        env: Mapping[str, str],
+        config_path: Path | None = None,
+        cli_module: str = CLI_MODULE,
+    ):
+        """`cli_module`: another one for the code of an older commit (the bench runs one)."""
         super().__init__()
         self.workdir = Path(workdir)
         self.env = {**os.environ, **env}
         self.config_path = config_path
+        self.cli_module = cli_module
         self.spawned: set[int] = set()
 
     def start(self) -> None:
-        argv = [sys.executable, "-m", "actors.app.cli", "run"]
+        argv = [sys.executable, "-m", self.cli_module, "run"]
         if self.config_path is not None:
             argv += ["--config", str(self.config_path)]
         self._launch(argv, self.env, cwd=self.workdir)
