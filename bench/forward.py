@@ -258,8 +258,8 @@ def _cpu(pid: int) -> tuple[float, float]:
 class _Run:
     """`GatewayWorker.ingest` in a thread of its own: the bench watches the daemon meanwhile.
 
-    The worker answers once the source acks are out and every row is in the table, which for a
-    forwarding route means after the upstream acked every message."""
+    The worker answers once the source acks are out, every row is in the table and nothing is
+    owed upstream any more (the table lands on its own, before the upstream has them)."""
 
     def __init__(self, worker: GatewayWorker, env: dict, qos: int, messages: int, source_pid):
         self.answer: dict | None = None
@@ -274,7 +274,9 @@ class _Run:
 
     def _run(self, worker, env, qos, messages, source_pid) -> None:
         try:
-            self.answer = worker.ingest(env, qos, messages, messages, source_pid, RUN_TIMEOUT)
+            self.answer = worker.ingest(
+                env, qos, messages, messages, source_pid, RUN_TIMEOUT, wait_upstream=True
+            )
         except BaseException as error:  # handed to the bench's thread in result()
             self.error = error
 
@@ -414,10 +416,10 @@ def fxgate_sample(ctx: Context, qos: int, messages: int) -> dict:
         "retry_delay_seconds": delay,
         "stored_status": {
             "ledger_accepted": status["ledger"].get("accepted"),
-            "held_acks": status["ledger"].get("held_acks"),
+            "upstream_lag": ((status["ledger"].get("lag") or {}).get("upstream") or {}).get(
+                "messages"
+            ),
             "tier2_messages": buffer.get("tier2_messages"),
-            "tier1_waiting_packs": buffer.get("tier1_waiting_packs"),
-            "paused_source": buffer.get("paused_source"),
         },
         "forward_cpu": {
             "window": "first upstream arrival (polled every 10 ms) -> last arrival",
@@ -442,7 +444,9 @@ def draining_sample(ctx: Context, qos: int, messages: int) -> dict:
             env = _route_env(source, upstream, directory / "data", qos)
             counter = ArrivalCounter(upstream, directory / "counter", messages)
             try:
-                run = worker.ingest(env, qos, messages, messages, source.pid, RUN_TIMEOUT)
+                run = worker.ingest(
+                    env, qos, messages, messages, source.pid, RUN_TIMEOUT, wait_upstream=True
+                )
             finally:
                 arrived = _arrivals(counter, ctx, messages)
     finally:
@@ -636,14 +640,14 @@ def bound_sentence(result: dict, messages: int) -> str:
     f_med = result["fxgate"]["median"]
     stored = _med(fx, lambda s: s["stored_seconds"])
     tier2 = _med(fx, lambda s: s["stored_status"].get("tier2_messages"))
-    tier1 = _med(fx, lambda s: s["stored_status"].get("tier1_waiting_packs"))
+    tier1 = _med(fx, lambda s: s["stored_status"].get("upstream_lag"))
     fx_cpu = _med(fx, lambda s: s["forward_cpu"]["python_cpu_seconds"])
     fx_seconds = _med(fx, lambda s: s.get("arrival_seconds"))
     pub_cpu = _med(base, lambda s: s.get("publisher_cpu_seconds"))
     pub_cores = _med(base, lambda s: s.get("publisher_cores"))
     held = f"tier 2 then held {tier2:,.0f} messages, the outbound ledger its first pack"
     if tier1:
-        held += f", tier 1 {tier1:.0f} more pack(s)"
+        held += f"; {tier1:,.0f} owed upstream in all, the rest waiting in tier 1"
     parts = [
         f"forward leg alone: fxgate forwarded {messages:,} messages it already held (all in its "
         f"ledger {stored:.1f} s after the run started, median, as seen in status.json; {held}) "

@@ -258,6 +258,18 @@ def ingest(command: dict, session) -> dict:
                 f"{supervisor.rows_written} of {rows} rows in the table within {timeout} s"
             )
             return result
+        if command.get("wait_upstream"):
+            # The table lands on its own (the ledger feeds both sinks): forwarding is done
+            # when nothing is owed upstream any more.
+            ledger_proxy = supervisor.ref("ledger").proxy()
+            while time.monotonic() < deadline:
+                lag = ledger_proxy.stats().get(timeout=30)["lag"].get("upstream") or {}
+                if not lag.get("messages"):
+                    break
+                time.sleep(0.05)
+            else:
+                result["error"] = f"the upstream still lacked messages after {timeout} s"
+                return result
         ledger = supervisor.ref("ledger").proxy().stats().get(timeout=30)
         assert PROBE.first is not None and PROBE.done_at is not None
         result.update(

@@ -283,7 +283,10 @@ class GatewayWorker:
         rows: int,
         broker_pid: int | None,
         timeout: float = 300.0,
+        wait_upstream: bool = False,
     ) -> dict:
+        """`wait_upstream`: answer only once the upstream has every message too (the table
+        lands on its own, before the upstream has them)."""
         assert self.proc.stdin is not None
         command = {
             "op": "ingest",
@@ -293,6 +296,7 @@ class GatewayWorker:
             "rows": rows,
             "broker_pid": broker_pid,
             "timeout": timeout,
+            "wait_upstream": wait_upstream,
         }
         self.proc.stdin.write(json.dumps(command) + "\n")
         self.proc.stdin.flush()
