@@ -7,9 +7,11 @@ the room it has, and grants again as packs leave. While the upstream is away tie
 feed stops, and the rest waits in tier 1 on disk — in order, however long the outage, without
 pausing the source (HiveMQ Edge's tier 2 is unbounded; ours is not, DESIGN §3.4, §7.1).
 
-The OutboundLedger takes one pack at a time: it tells `Demand` when it can take the next, and
-tier 2 hands it what it holds, up to `pack_size` messages, oldest first. So the packs are full
-while a backlog drains and a trickle goes out at once.
+The OutboundLedger forwards one pack at a time and keeps the next at hand: each `Demand` it tells
+is one pack, and tier 2 hands it what it holds, up to `pack_size` messages, oldest first (at once,
+or with the next records to come). So the packs are full while a backlog drains and a trickle
+goes out at once. A pack handed over no longer counts against the caps: at most two packs more
+than the caps are in memory.
 
 QoS 0 upstream (a QoS 0 route or `persist = false`) is at most once: at a full cap tier 2 keeps
 taking such messages and `overflow` decides which go (`drop_oldest` | `drop_new`), each drop

@@ -17,7 +17,9 @@ Owns the outbound database (its own SQLite file) and every outbound PUBLISH/PUBR
   them again. The table is the other sink of the ledger and never waits for this one.
 
 Packs waiting their turn stay in the tier-2 buffer (actors/buffer.py), which hands over one pack
-each time this actor tells it `Demand`.
+each time this actor tells it `Demand`. One pack more than the one being forwarded is asked for
+ahead (PACKS_AHEAD): the next one is here when the current one finishes, instead of a round trip
+through the buffer later; it is not started before then (one pack at a time upstream).
 
 Every write waits in an ordered list until the next commit. If the commit meets a storage fault
 (disk full, read-only: persistence.storage_faults) the transaction is rolled back, the list kept,
@@ -64,6 +66,8 @@ from spark.zebra import INVALID_TOPIC
 log = logging.getLogger(__name__)
 
 MAX_PACKET_ID = 65535
+# Packs asked of the tier-2 buffer beyond the one being forwarded; waiting here, not started.
+PACKS_AHEAD = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +151,7 @@ class OutboundLedger(pykka.ThreadingActor):
         self._epoch = 0
         self._connected = False
         self._window = window
-        # Packs handed over while one is being forwarded (normally none: we ask for one at a time).
+        # Packs handed over while one is being forwarded: PACKS_AHEAD at most.
         self._waiting: deque[Pack] = deque()
         self._current: _PackState | None = None
         self._inflight: dict[int, _Entry] = {}
@@ -220,9 +224,11 @@ class OutboundLedger(pykka.ThreadingActor):
         self._client = client
 
     def set_buffer(self, buffer: pykka.ActorRef) -> None:
-        """The tier-2 buffer, asked for one pack at a time."""
+        """The tier-2 buffer: asked for the pack to forward and PACKS_AHEAD more; for another
+        each time one is finished."""
         self._buffer = buffer
-        buffer.tell(Demand())
+        for _ in range(1 + PACKS_AHEAD):
+            buffer.tell(Demand())
 
     # -- messages ---------------------------------------------------------------------------
 

@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import enum
 import logging
+import socket
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import paho.mqtt.client as mqtt
 from paho.mqtt.client import PUBLISH, PUBREL, MQTTMessageInfo
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
@@ -70,6 +72,21 @@ class OutboundPublish:
     expiry_interval: int | None = None
 
 
+def _without_nagle(client: mqtt.Client, userdata: object, sock: object) -> None:
+    """The forward leg is a window of small PUBLISHes, each freed slot refilled when its ack
+    comes: with Nagle's algorithm (paho leaves it on) each small write waits for the TCP ack of
+    the last one. Off here, as brokers do on their side (mosquitto's `set_tcp_nodelay`, EMQX's
+    `nodelay`). The source connection keeps it: there acks go out in groups, and coalescing
+    them was measured cheaper (README, "Draining while live")."""
+    setsockopt = getattr(sock, "setsockopt", None)  # a websocket wrapper has none
+    if setsockopt is None:
+        return
+    try:
+        setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError as error:
+        log.debug("TCP_NODELAY not set: %s", error)
+
+
 class UpstreamClient(EpochClient):
     def __init__(
         self, client_id: str, on_ack: Callable[[OutboundAck], None], monotonic: Callable[[], float]
@@ -77,6 +94,7 @@ class UpstreamClient(EpochClient):
         super().__init__(client_id, monotonic, manual_ack=False)
         self._on_ack = on_ack
         self.on_publish = self._qos0_sent
+        self.on_socket_open = _without_nagle
 
     def send_publish(self, epoch: int, message: OutboundPublish) -> bool:
         properties = Properties(PacketTypes.PUBLISH)

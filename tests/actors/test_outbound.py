@@ -340,14 +340,14 @@ def test_a_long_outage_keeps_tier2_within_its_caps_and_never_pauses_the_source(t
         ledger.connect(buffer)
         outbound.proxy().set_buffer(buffer).get(timeout=5)
         # Tier 2 took its cap of 100 and handed the first pack of 10 to the outbound ledger
-        # (unsent: no connection); it takes more only at its low watermark, so the rest waits
-        # in tier 1.
-        assert wait_until(lambda: buffer.proxy().status().get(timeout=5)["tier2_messages"] == 90)
+        # (unsent: no connection) and the next one to keep at hand; it takes more only at its
+        # low watermark, so the rest waits in tier 1.
+        assert wait_until(lambda: buffer.proxy().status().get(timeout=5)["tier2_messages"] == 80)
         # An hour of outage on the clock: pack timeouts come and go, nothing is lost or sent.
         for _ in range(180):
             clock.advance(20.0)
         status = buffer.proxy().status().get(timeout=5)
-        assert (status["tier2_messages"], status["tier2_peak_messages"]) == (90, 100)
+        assert (status["tier2_messages"], status["tier2_peak_messages"]) == (80, 100)
         assert len(ledger.log) == 40
         assert not [m for m in ledger.messages if type(m).__name__ in ("Pause", "Resume")]
 
@@ -490,6 +490,31 @@ def outbound_with(tmp_path):
     yield start
     for ref in started:
         ref.stop()
+
+
+def test_the_next_pack_waits_at_hand_and_goes_out_only_once_the_current_one_is_acknowledged(
+    outbound_with,
+):
+    client = ScriptedClient(answer=None)
+    ref, _, _ = outbound_with(client)
+    buffer = Inbox()
+    ref.proxy().set_buffer(buffer).get(timeout=5)
+    assert buffer.wait_for(2) == [Demand(), Demand()]  # the pack to forward and the next
+    first, second = packs_of(2, 5)
+    ref.tell(PackSealed(first))
+    ref.tell(PackSealed(second))
+    sent = client.wait_sent(5)
+    # The window has room for all ten: the second pack still waits for the first.
+    assert ref.proxy().status().get(timeout=5)["in_flight"] == 5
+    assert [key for _, _, _, key, _ in client.sent] == [f"k{s}" for s in range(1, 6)]
+    assert len(buffer.messages) == 2
+    for _, packet_id, _, _, _ in sent:
+        ref.tell(OutboundAck(1, packet_id, AckType.PUBACK, 0, "Success"))
+    client.wait_sent(10)
+    assert [key for _, _, _, key, _ in client.sent] == [f"k{s}" for s in range(1, 11)]
+    # The first pack finished: one more is asked for, to be at hand after the second.
+    assert buffer.wait_for(3)[2] == Demand()
+    assert len(client.sent) == 10
 
 
 def test_no_more_than_the_brokers_receive_maximum_is_ever_in_flight(outbound_with):
