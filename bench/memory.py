@@ -298,8 +298,12 @@ def status_fields(status: dict) -> dict:
 # -- the run ------------------------------------------------------------------------------------
 
 
-def write_config(path: Path, data: Path, source: MosquittoProcess, proxy: FaultProxy) -> str:
-    text = f"""\
+def forwarding_config(
+    data: Path, source: MosquittoProcess, proxy: FaultProxy, instance_id: str, extra: str = ""
+) -> str:
+    """The config file both outage benchmarks give the daemon: QoS 1 in, one QoS 2 route out
+    through the proxy, the upstream's backoff capped; `extra` sections appended."""
+    return f"""\
 [gateway]
 data_dir = "{data}"
 
@@ -308,7 +312,7 @@ host = "{source.host}"
 port = {source.port}
 qos = {SOURCE_QOS}
 environment_id = "bench"
-instance_id = "memory"
+instance_id = "{instance_id}"
 
 [upstream]
 host = "{proxy.host}"
@@ -318,7 +322,16 @@ reconnect_max_delay_seconds = {UPSTREAM_MAX_BACKOFF}
 [[routes]]
 source = "{READERS_TOPIC}"
 qos = {ROUTE_QOS}
+{extra}"""
 
+
+def write_config(path: Path, data: Path, source: MosquittoProcess, proxy: FaultProxy) -> str:
+    text = forwarding_config(
+        data,
+        source,
+        proxy,
+        "memory",
+        f"""
 [packs]
 retries = {PACK_RETRIES}
 
@@ -326,7 +339,8 @@ retries = {PACK_RETRIES}
 max_messages = {TIER2_MAX_MESSAGES}
 max_bytes = {TIER2_MAX_BYTES}
 low_watermark = {LOW_WATERMARK}
-"""
+""",
+    )
     path.write_text(text)
     return text
 

@@ -53,9 +53,19 @@ from actors.app.daemon import STATUS_FILE
 from actors.devtools.mosquitto import MosquittoProcess
 from actors.devtools.simulate import expected_read_ids
 from bench.benchmarks import QUIET_OTHER_CORES, Benchmark, Context
-from bench.harness import READERS_TOPIC, REPO, BenchError, LoadMeter, wait_for_quiet
+from bench.harness import REPO, BenchError, LoadMeter, wait_for_quiet
 from bench.latency import TableWatcher, join, publish_times
-from bench.memory import Sampler, UpstreamTally, fit_growth, span, status_fields
+from bench.memory import (
+    ROUTE_QOS,
+    SOURCE_QOS,
+    UPSTREAM_MAX_BACKOFF,
+    Sampler,
+    UpstreamTally,
+    fit_growth,
+    forwarding_config,
+    span,
+    status_fields,
+)
 from bench.recovery import SteadyPublisher
 from spark.report import compare, landed_ids_arrow
 from spark.tables import READS, table_path
@@ -70,16 +80,14 @@ NAME = "outage"
 MIB = 1024 * 1024
 
 RATE = 300.0  # messages/s in total, from bench.harness.PUBLISHING_READERS simulated FX9600s
-SOURCE_QOS = 1  # SteadyPublisher publishes at QoS 1
-ROUTE_QOS = 2  # exactly once upstream: "each once" is checkable there
+# From bench.memory, as its config: QoS 1 in (SteadyPublisher publishes at QoS 1), QoS 2 upstream
+# ("each once" is checkable there), the upstream's backoff capped (the drain measures fxgate
+# draining, not a 120 s backoff after a long outage).
 # mosquitto's shipped defaults (DESIGN §4): the point of the benchmark.
 SOURCE_LIMITS = {"max_queued_messages": 1000, "max_inflight_messages": 20}
 # The code before issue 12 (the last commit before "the ledger is the buffer").
 OLD_COMMIT = "60ff810"
 
-# Capped low so that the drain measures fxgate draining, not the default 120 s backoff after a
-# long outage (the backoff doubles from 1 s while the upstream is away).
-UPSTREAM_MAX_BACKOFF = 5.0
 # The publisher runs the simulator in chunks of this many seconds so that it can be stopped.
 PUBLISH_CHUNK_SECONDS = 20.0
 WATCH_SECONDS = 0.1
@@ -216,26 +224,7 @@ def ledger_settled(path: Path) -> tuple[int, int] | None:
 def write_config(path: Path, data: Path, source: MosquittoProcess, proxy: FaultProxy) -> str:
     """Valid for both codes: nothing but what both know. Tier 2, packs, the writer and (new) the
     disk budget keep their defaults."""
-    text = f"""\
-[gateway]
-data_dir = "{data}"
-
-[source]
-host = "{source.host}"
-port = {source.port}
-qos = {SOURCE_QOS}
-environment_id = "bench"
-instance_id = "outage"
-
-[upstream]
-host = "{proxy.host}"
-port = {proxy.port}
-reconnect_max_delay_seconds = {UPSTREAM_MAX_BACKOFF}
-
-[[routes]]
-source = "{READERS_TOPIC}"
-qos = {ROUTE_QOS}
-"""
+    text = forwarding_config(data, source, proxy, "outage")
     path.write_text(text)
     return text
 
