@@ -13,10 +13,13 @@ or with the next records to come). So the packs are full while a backlog drains 
 goes out at once. A pack handed over no longer counts against the caps: at most two packs more
 than the caps are in memory.
 
-QoS 0 upstream (a QoS 0 route or `persist = false`) is at most once: at a full cap tier 2 keeps
-taking such messages and `overflow` decides which go (`drop_oldest` | `drop_new`), each drop
-counted and reported to the ledger as an upstream dead letter (`overflow_dropped`) — unless
-`persist_qos0`, which makes them wait in tier 1 like the rest.
+QoS 0 upstream (a QoS 0 route or `persist = false`) is at most once and live only (DESIGN
+§7.3): at a full cap tier 2 keeps taking such messages and `overflow` decides which go
+(`drop_oldest` | `drop_new`); and what a run of the gateway did not forward before it ended is not
+forwarded by the next (`restart_dropped`: held in memory, it would have been lost with it). Each
+drop is counted and reported to the ledger as an upstream dead letter; the read is in the table
+all the same. `persist_qos0` makes a QoS 0 route's messages wait in tier 1 like the rest, across
+an outage or a restart; a `persist = false` route stays live only.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from persistence.records import UPSTREAM, LedgerRecord
 log = logging.getLogger(__name__)
 
 OVERFLOW_DROPPED = "overflow_dropped"
+RESTART_DROPPED = "restart_dropped"
 # Tier 2 filling up is said once, then at most once per this many seconds (on the clock).
 FULL_LOG_SECONDS = 60.0
 
@@ -52,6 +56,7 @@ class TierTwoBuffer(pykka.ThreadingActor):
         persist_qos0: bool = False,
         pack_size: int = 200,
         clock: Clock | None = None,
+        live_from_seq: int = 0,
     ) -> None:
         super().__init__()
         self._outbound = outbound
@@ -62,7 +67,12 @@ class TierTwoBuffer(pykka.ThreadingActor):
         self._low = low_watermark
         self._overflow = overflow
         self._persist_qos0 = persist_qos0
+        self._may_drop = any(
+            r.effective_qos == 0 and (not r.persist or not persist_qos0) for r in routes
+        )
         self._pack_size = pack_size
+        # Ledger seqs below this were stored by an earlier run of the gateway.
+        self._live_from_seq = live_from_seq
         self._queue: deque[LedgerRecord] = deque()
         self._messages = 0
         self._bytes = 0
@@ -78,6 +88,7 @@ class TierTwoBuffer(pykka.ThreadingActor):
         self._full_logged_at: float | None = None
         self._fills = 0
         self.dropped_qos0 = 0
+        self.dropped_at_restart = 0
         self.peak_messages = 0
 
     def on_start(self) -> None:
@@ -98,9 +109,13 @@ class TierTwoBuffer(pykka.ThreadingActor):
 
     def _take(self, records: tuple[LedgerRecord, ...]) -> None:
         dropped: list[LedgerRecord] = []
+        stale: list[LedgerRecord] = []
         for record in records:
             self._received += 1
             self._received_bytes += record.size
+            if record.seq < self._live_from_seq and self._droppable(record):
+                stale.append(record)
+                continue
             if not self._room_for(record):
                 if self._droppable(record) and self._overflow == "drop_new":
                     dropped.append(record)
@@ -115,6 +130,8 @@ class TierTwoBuffer(pykka.ThreadingActor):
         self.peak_messages = max(self.peak_messages, self._messages)
         if dropped:
             self._drop(dropped)
+        if stale:
+            self._drop_stale(stale)
 
     def _deliver(self) -> None:
         while self._demand and self._queue:
@@ -143,7 +160,7 @@ class TierTwoBuffer(pykka.ThreadingActor):
         overflow = False
         if not room or not room_bytes:
             self._note_full()
-            if not self._persist_qos0:
+            if self._may_drop:
                 droppable = [r for r in self._queue if self._droppable(r)]
                 room += len(droppable)
                 room_bytes += sum(r.size for r in droppable)
@@ -187,11 +204,11 @@ class TierTwoBuffer(pykka.ThreadingActor):
     # -- QoS 0 overflow ---------------------------------------------------------------------
 
     def _droppable(self, record: LedgerRecord) -> bool:
-        """Forwarded at QoS 0 and not to be persisted: at most once, may be dropped."""
-        if self._persist_qos0:
-            return False
+        """Forwarded at QoS 0 and live only: at most once, may be dropped."""
         route = route_for(self._routes, record.topic)
-        return route is not None and route.effective_qos == 0
+        if route is None or route.effective_qos != 0:
+            return False
+        return not route.persist or not self._persist_qos0
 
     def _drop(self, records: list[LedgerRecord]) -> None:
         self.dropped_qos0 += len(records)
@@ -199,6 +216,17 @@ class TierTwoBuffer(pykka.ThreadingActor):
             "tier-2 buffer full: dropped %d QoS 0 message(s) (%s)", len(records), self._overflow
         )
         self._ledger.tell(Forwarded((), tuple((r.seq, OVERFLOW_DROPPED) for r in records)))
+
+    def _drop_stale(self, records: list[LedgerRecord]) -> None:
+        self.dropped_at_restart += len(records)
+        log.warning(
+            "not forwarding %d QoS 0 message(s) stored before this start: their route is live "
+            "only (persist = false, or QoS 0 without [buffer] persist_qos0); they are in the "
+            "table and recorded as upstream dead letters (%s)",
+            len(records),
+            RESTART_DROPPED,
+        )
+        self._ledger.tell(Forwarded((), tuple((r.seq, RESTART_DROPPED) for r in records)))
 
     # -- status -----------------------------------------------------------------------------
 
@@ -209,5 +237,6 @@ class TierTwoBuffer(pykka.ThreadingActor):
             "tier2_peak_messages": self.peak_messages,
             "credit_out": max(self._limit - self._received, 0),
             "dropped_qos0": self.dropped_qos0,
+            "dropped_at_restart": self.dropped_at_restart,
             "fills": self._fills,
         }

@@ -204,6 +204,7 @@ class InboundLedger(pykka.ThreadingActor):
             storage_backoff,
         )
         self._backlog: deque[tuple[object, bool]] = deque()
+        self._stored_before_start = 0
         self._dropped_qos0 = 0
         # The disk budget (None: unlimited) and where the ledger stands against it.
         self._budget = budget
@@ -229,6 +230,8 @@ class InboundLedger(pykka.ThreadingActor):
             raise unavailable from error
         store = self._store
         self._awaiting_pubrel = store.awaiting_pubrel()
+        # What this run stores comes after this seq (a live-only route forwards nothing older).
+        self._stored_before_start = store.last_seq()
         if self._forward_topic is None:
             cleared = store.stop_forwarding()
             if cleared:
@@ -283,6 +286,10 @@ class InboundLedger(pykka.ThreadingActor):
         """Where the table's feed goes (the PackActor); credit comes from the Spark writer."""
         self._targets[TABLE] = listener
         self._schedule_read(TABLE)
+
+    def stored_before_start(self) -> int:
+        """The last seq stored by an earlier run of the gateway (0: none)."""
+        return self._stored_before_start
 
     def set_forwarder(self, forwarder: pykka.ActorRef) -> None:
         """Where the upstream's feed goes (the TierTwoBuffer, which grants its own credit)."""

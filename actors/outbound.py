@@ -103,6 +103,9 @@ class _PackState:
     generation: int = 0
     # Entries before this index are not "queued": _send_some need not look at them again.
     cursor: int = 0
+    # Source topics (one per reader) with a refused message waiting for the pack's retry:
+    # their later messages wait behind it, so each reader's order holds upstream.
+    blocked: set[str] = dataclasses.field(default_factory=set)
 
     @property
     def done(self) -> bool:
@@ -117,6 +120,19 @@ class _Stats:
     dead: int = 0
     resent: int = 0
     possible_duplicates: int = 0
+
+
+_EXPIRED = -1
+
+
+def _remaining(record: LedgerRecord, now: float) -> int | None:
+    """The Message Expiry Interval a PUBLISH of `record` carries if it leaves at `now` (MQTT 5
+    §3.3.2.3.3: the time left, not the time first given), None when it has none, or _EXPIRED."""
+    if record.expires_at is None:
+        return None
+    if record.expires_at <= now:
+        return _EXPIRED
+    return max(1, int(record.expires_at - now))
 
 
 class OutboundLedger(pykka.ThreadingActor):
@@ -162,6 +178,12 @@ class OutboundLedger(pykka.ThreadingActor):
         self._reserved: set[int] = set()
         # In flight, but not yet sent again on the current connection (window was full).
         self._unsent: set[int] = set()
+        # QoS 2 ids whose PUBLISH expired in flight: the broker may hold the id awaiting a
+        # PUBREL, and would take a new message under it for a duplicate (§4.3.3). Not reused
+        # until the broker says the session is gone.
+        self._abandoned: set[int] = set()
+        # QoS 0 PUBLISHes whose 'sent' state waits for a commit that met a storage fault.
+        self._qos0_held: list[OutboundPublish] = []
         # Acks are recorded in the open transaction and acted on at the next _Flush: a PUBREL
         # waits there for the commit of its 'pubrel' state.
         self._flush_pending = False
@@ -285,7 +307,13 @@ class OutboundLedger(pykka.ThreadingActor):
             elif known is not None:
                 state, packet_id, attempts = known
                 entry.attempts = attempts
-                if state in ("publish", "pubrel"):
+                if state in ("publish", "pubrel") and entry.message.qos == 0:
+                    # Recorded in flight by a version that tracked QoS 0: it went out once,
+                    # and QoS 0 is never sent again (MQTT 5 §4.3.1: at most once).
+                    entry.state = "acked"
+                    self._reserved.discard(packet_id)
+                    self._store.set_state(record.seq, "acked")
+                elif state in ("publish", "pubrel"):
                     # In flight when we stopped: the same packet id, re-sent with DUP.
                     entry.state = state
                     entry.message = dataclasses.replace(
@@ -306,6 +334,7 @@ class OutboundLedger(pykka.ThreadingActor):
                     self._give_up(entry, INVALID_TOPIC)
             entries.append(entry)
         self._current = _PackState(pack, entries)
+        self._current.blocked.update(e.record.topic for e in entries if e.state == "failed")
         if self._connected:
             self._arm_timeout()
         if any(e.reason == "resend" for e in entries) and self._connected:
@@ -367,6 +396,9 @@ class OutboundLedger(pykka.ThreadingActor):
         current = self._current
         entries = current.entries
         index = current.cursor
+        # The first entry left queued behind a refused one of its reader: the cursor stops
+        # there, so the retry finds it.
+        waiting_from: int | None = None
         while index < len(entries):
             if self._unsent or len(self._inflight) >= self._window:
                 break  # re-sends go first; batch entries are counted in _inflight already
@@ -375,13 +407,27 @@ class OutboundLedger(pykka.ThreadingActor):
                 index += 1
                 continue  # a refused ("failed") message waits for the pack's retry
             record = entry.record
-            if record.expires_at is not None and record.expires_at <= now:
+            if current.blocked and record.topic in current.blocked:
+                if waiting_from is None:
+                    waiting_from = index
+                index += 1
+                continue
+            expiry = _remaining(record, now)
+            if expiry == _EXPIRED:
                 self._give_up(entry, "expired")
                 index += 1
                 continue
-            expiry = None
-            if record.expires_at is not None:
-                expiry = max(1, int(record.expires_at - now))
+            if entry.message.qos == 0:
+                # At most once: never in flight, never sent again, never DUP (MQTT 5
+                # §3.3.1.1). Recorded as sent before it leaves, so no restart sends it again.
+                entry.message = dataclasses.replace(
+                    entry.message, packet_id=0, dup=False, expiry_interval=expiry
+                )
+                entry.state = "acked"
+                entry.attempts += 1
+                batch.append(entry)
+                index += 1
+                continue
             packet_id = self._allocate_id()
             if packet_id is None:
                 break
@@ -393,19 +439,26 @@ class OutboundLedger(pykka.ThreadingActor):
             self._inflight[packet_id] = entry
             batch.append(entry)
             index += 1
-        current.cursor = index
+        current.cursor = index if waiting_from is None else waiting_from
         if not batch:
             if self._current.done:
                 self._pump()
             return
         # Persist before any of these PUBLISHes can reach the wire.
-        self._store.in_flight((e.record.seq, e.message.packet_id, e.attempts) for e in batch)
+        tracked = [e for e in batch if e.message.qos]
+        if tracked:
+            self._store.in_flight((e.record.seq, e.message.packet_id, e.attempts) for e in tracked)
+        if len(tracked) < len(batch):
+            self._store.sent(e.record.seq for e in batch if not e.message.qos)
         if not self._commit():
             # In flight but not on the wire: sent (after their commit) once storage is back.
-            self._unsent.update(entry.message.packet_id for entry in batch)
+            self._unsent.update(entry.message.packet_id for entry in tracked)
+            self._qos0_held.extend(e.message for e in batch if not e.message.qos)
             return
-        # One write for the lot; QoS 0 is acknowledged when paho reports it written (SENT).
+        # One write for the lot, in pack order.
         self._client.send_publishes(self._epoch, [entry.message for entry in batch])
+        if len(tracked) < len(batch) and self._current.done:
+            self._pump()
 
     def _resend_inflight(self) -> None:
         """After CONNACK: everything in flight must go again (same ids), oldest first, but no
@@ -414,27 +467,46 @@ class OutboundLedger(pykka.ThreadingActor):
         self._flush_unsent()
 
     def _flush_unsent(self) -> None:
+        """Send again what is in flight but not yet sent on this connection, oldest first, while
+        the window has room. A PUBLISH goes with its remaining expiry interval; one that has
+        expired meanwhile is not sent again (a PUBREL always is: the broker has the message)."""
         if self._faults.failing:
             return
         room = self._window - (len(self._inflight) - len(self._unsent))
+        now = self._clock.wall()
         for packet_id in sorted(self._unsent, key=lambda pid: self._inflight[pid].record.seq):
             if room <= 0:
                 break
             entry = self._inflight[packet_id]
+            self._unsent.discard(packet_id)
             if entry.state == "pubrel":
                 self._client.send_pubrel(self._epoch, packet_id)
             else:
-                entry.message = dataclasses.replace(entry.message, dup=True)
+                expiry = _remaining(entry.record, now)
+                if expiry == _EXPIRED:
+                    self._abandon(packet_id, entry)
+                    continue
+                entry.message = dataclasses.replace(entry.message, dup=True, expiry_interval=expiry)
                 self._client.send_publish(self._epoch, entry.message)
-            self._unsent.discard(packet_id)
             self.stats.resent += 1
             room -= 1
+
+    def _abandon(self, packet_id: int, entry: _Entry) -> None:
+        """An in-flight PUBLISH expired before it could go again: given up on, its id held."""
+        del self._inflight[packet_id]
+        if entry.message.qos == 2:
+            self._abandoned.add(packet_id)
+        self._give_up(entry, "expired")
 
     def _allocate_id(self) -> int | None:
         for _ in range(MAX_PACKET_ID):
             candidate = self._next_id
             self._next_id = self._next_id % MAX_PACKET_ID + 1
-            if candidate not in self._inflight and candidate not in self._reserved:
+            if (
+                candidate not in self._inflight
+                and candidate not in self._reserved
+                and candidate not in self._abandoned
+            ):
                 return candidate
         return None
 
@@ -450,6 +522,7 @@ class OutboundLedger(pykka.ThreadingActor):
         self._connected = True
         self._window = max(1, min(self._window_setting, message.receive_maximum))
         if not message.session_present:
+            self._abandoned.clear()  # the broker holds no exchange of ours any more
             pubrels = [e for e in self._inflight.values() if e.state == "pubrel"]
             if pubrels:
                 # The broker forgot the exchanges: a PUBREL would vanish. Publish again instead;
@@ -501,6 +574,9 @@ class OutboundLedger(pykka.ThreadingActor):
                 self._strategy,
             )
             self._store.set_state(entry.record.seq, "failed")
+            if self._current is not None:
+                # Its reader's later messages wait behind it (MQTT 5 §4.6: order per topic).
+                self._current.blocked.add(entry.record.topic)
         else:
             # A PUBCOMP is the end of the exchange whatever its code: 0x92 "packet id not
             # found" means the broker completed it before (our PUBREL was a repeat).
@@ -538,6 +614,17 @@ class OutboundLedger(pykka.ThreadingActor):
         due, self._pubrels_due = self._pubrels_due, []
         if due and self._connected and self._client is not None:
             self._client.send_pubrels(self._epoch, due)
+        if self._qos0_held:
+            held, self._qos0_held = self._qos0_held, []
+            if self._connected and self._client is not None:
+                self._client.send_publishes(self._epoch, held)
+            else:
+                # Recorded as sent, never to be sent again: at most once is also at most zero.
+                log.warning(
+                    "%d QoS 0 message(s) not forwarded: the upstream went away "
+                    "while the outbound ledger could not write",
+                    len(held),
+                )
         if self._unsent:
             self._flush_unsent()
         self._pump()
@@ -589,23 +676,22 @@ class OutboundLedger(pykka.ThreadingActor):
             for entry in unacked:
                 if entry.message is not None and entry.message.packet_id in self._inflight:
                     del self._inflight[entry.message.packet_id]
+                    self._unsent.discard(entry.message.packet_id)
                 self._give_up(entry, "forward_failed")
             self._pump()
             return
         self.stats.retries += 1
         current.cursor = 0
+        current.blocked.clear()
         for entry in unacked:
             if entry.state == "failed":
                 entry.state = "queued"
-        if self._connected:
-            # RETRY_ALL: what is in flight goes again with DUP, what failed goes again anew.
-            for entry in unacked:
-                if entry.state in ("publish", "pubrel") and self._client is not None:
-                    if entry.state == "pubrel":
-                        self._client.send_pubrel(self._epoch, entry.message.packet_id)
-                    else:
-                        entry.message = dataclasses.replace(entry.message, dup=True)
-                        self._client.send_publish(self._epoch, entry.message)
+        if self._client is not None:
+            # RETRY_ALL: what is in flight goes again (DUP, same ids) through the window, so
+            # never more at once than the broker's Receive Maximum and each only once; then
+            # what failed goes again anew, each reader's refused message before its later ones.
+            self._unsent = set(self._inflight)
+            self._flush_unsent()
         self._arm_timeout()
         self._send_some()
 

@@ -315,6 +315,7 @@ class Supervisor(WriterListener):
             persist_qos0=cfg.buffer.persist_qos0,
             pack_size=cfg.packs.max_messages,
             clock=self.clock,
+            live_from_seq=ledger.proxy().stored_before_start().get(timeout=ASK_TIMEOUT) + 1,
         )
         outbound.proxy().set_buffer(buffer).get(timeout=ASK_TIMEOUT)
         ledger.proxy().set_forwarder(buffer).get(timeout=ASK_TIMEOUT)

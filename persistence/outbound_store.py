@@ -87,6 +87,15 @@ class OutboundStore:
             list(rows),
         )
 
+    def sent(self, seqs: Iterable[int]) -> None:
+        """QoS 0 messages about to be published once: done, as far as this ledger goes (no
+        packet id, never sent again), recorded before they leave."""
+        self._write(
+            "INSERT INTO outbound (seq, packet_id, state, attempts) VALUES (?, NULL, 'acked', 1) "
+            "ON CONFLICT (seq) DO UPDATE SET packet_id = NULL, state = 'acked'",
+            [(s,) for s in seqs],
+        )
+
     def publish_again(self, seqs: Iterable[int]) -> None:
         """Awaiting PUBCOMP when the broker lost the session: they are to be published again."""
         self._write("UPDATE outbound SET state = 'publish' WHERE seq = ?", [(s,) for s in seqs])

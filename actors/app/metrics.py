@@ -407,6 +407,12 @@ def _forwarding(snapshot: dict) -> Iterator[Metric]:
             "QoS 0 messages dropped at a full tier-2 buffer.",
             buffer["dropped_qos0"],
         )
+        yield _counter(
+            "fxgate_dropped_at_restart",
+            "Messages of live-only routes (QoS 0 or persist = false) stored before this start "
+            "and not forwarded (upstream dead letters 'restart_dropped').",
+            buffer.get("dropped_at_restart", 0),
+        )
     outbound = snapshot.get("outbound")
     if outbound is not None:
         yield _gauge(

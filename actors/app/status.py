@@ -141,7 +141,8 @@ def format_status(report: dict) -> str:
             f"forwarding: {outbound['in_flight']} in flight (window {outbound['window']}), "
             f"tier 2 {outbound['tier2_messages']} messages / {outbound['tier2_bytes']} bytes, "
             f"{outbound['forwarded']} forwarded, {outbound['dead']} dead-lettered, "
-            f"{outbound['dropped_qos0']} QoS 0 dropped"
+            f"{outbound['dropped_qos0']} QoS 0 dropped, "
+            f"{outbound.get('dropped_at_restart', 0)} live-only not forwarded after the restart"
         )
     clients = (daemon.get("lifecycle") or []) if daemon.get("running") else []
     for client in clients:

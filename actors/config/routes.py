@@ -73,8 +73,10 @@ class Route:
 
     @property
     def effective_qos(self) -> int:
-        """The QoS actually used upstream. HiveMQ Edge's rule: a route that does not persist
-        cannot promise redelivery across a restart, so it must not ask the broker for QoS 1/2."""
+        """The QoS used upstream, whatever QoS a read arrived with (DESIGN §7.3: min(publish,
+        subscription) is the source broker's rule, for our subscription). HiveMQ Edge's rule: a
+        route that does not persist cannot promise redelivery across a restart, so it must not
+        ask the broker for QoS 1/2."""
         return self.qos if self.persist else 0
 
 

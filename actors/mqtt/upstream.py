@@ -17,10 +17,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.client import PUBLISH, PUBREL, MQTTMessageInfo
+from paho.mqtt.client import PUBLISH, PUBREL
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from actors.mqtt.client import EpochClient
@@ -36,7 +35,6 @@ class AckType(enum.Enum):
     PUBACK = "PUBACK"
     PUBREC = "PUBREC"
     PUBCOMP = "PUBCOMP"
-    SENT = "SENT"  # a QoS 0 PUBLISH left the socket: all the acknowledgement QoS 0 gets
 
 
 _ACK_PACKET_TYPE = {
@@ -93,35 +91,15 @@ class UpstreamClient(EpochClient):
     ) -> None:
         super().__init__(client_id, monotonic, manual_ack=False)
         self._on_ack = on_ack
-        self.on_publish = self._qos0_sent
         self.on_socket_open = _without_nagle
 
     def send_publish(self, epoch: int, message: OutboundPublish) -> bool:
-        properties = Properties(PacketTypes.PUBLISH)
-        # Lets a cloud consumer drop the duplicates that QoS 1 allows.
-        properties.UserProperty = (IDEMPOTENCY_PROPERTY, message.message_key)
-        if message.expiry_interval is not None:
-            properties.MessageExpiryInterval = message.expiry_interval
-        return self._on_epoch(
-            epoch,
-            f"PUBLISH {message.packet_id}",
-            lambda: self._send_publish(
-                message.packet_id,
-                message.topic.encode("utf-8"),
-                message.payload,
-                message.qos,
-                False,
-                message.dup,
-                MQTTMessageInfo(message.packet_id),
-                properties,
-            ),
-        )
+        return self.send_publishes(epoch, (message,))
 
     def send_publishes(self, epoch: int, messages: Sequence[OutboundPublish]) -> bool:
-        """Several QoS 1/2 PUBLISHes as one queued write (QoS 0 goes through `send_publish`,
-        whose completion paho reports as SENT)."""
-        if any(m.qos == 0 for m in messages):
-            return all([self.send_publish(epoch, m) for m in messages])
+        """PUBLISHes as one queued write, each with the `fxgate-key` user property that lets a
+        cloud consumer drop the duplicates QoS 1 allows. paho is told nothing of them (its
+        on_publish never fires): QoS 0 is done once queued, QoS 1/2 when its ack comes."""
         wire = b"".join(
             encode_publish(
                 m.packet_id,
@@ -165,6 +143,3 @@ class UpstreamClient(EpochClient):
 
     def _handle_pubrec(self) -> MQTTErrorCode:
         return self._ack(AckType.PUBREC)
-
-    def _qos0_sent(self, _client, _userdata, mid, _reason_code, _properties) -> None:
-        self._on_ack(OutboundAck(self.epoch, mid, AckType.SENT, 0, "Success"))

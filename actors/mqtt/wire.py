@@ -132,7 +132,10 @@ def encode_publish(
     user_property: tuple[bytes, bytes] | None = None,
     expiry_interval: int | None = None,
 ) -> bytes:
-    """One MQTT 5 PUBLISH (QoS 1 or 2), as bytes for the wire."""
+    """One MQTT 5 PUBLISH, as bytes for the wire. QoS 0 carries no packet id and never DUP
+    (MQTT 5 §2.2.1, §3.3.1.1: a QoS 0 PUBLISH with DUP is a protocol violation)."""
+    if not qos and dup:
+        raise ValueError("a QoS 0 PUBLISH must not have DUP set")
     properties = b""
     if expiry_interval is not None:
         properties += bytes((MESSAGE_EXPIRY_INTERVAL,)) + expiry_interval.to_bytes(4, "big")
@@ -140,7 +143,7 @@ def encode_publish(
         properties += bytes((USER_PROPERTY,)) + _utf8(user_property[0]) + _utf8(user_property[1])
     body = (
         _utf8(topic)
-        + packet_id.to_bytes(2, "big")
+        + (packet_id.to_bytes(2, "big") if qos else b"")
         + _varint_bytes(len(properties))
         + properties
         + payload
