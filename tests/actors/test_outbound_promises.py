@@ -11,21 +11,26 @@ import threading
 
 import pytest
 
+from actors.app.dead_letters import load_dead_letters
 from actors.buffer import RESTART_DROPPED, TierTwoBuffer
-from actors.clock import SimulatedClock
+from actors.clock import RealClock, SimulatedClock
 from actors.config.routes import Route
+from actors.config.schema import load_config
 from actors.connection import ConnectionActor
+from actors.devtools.simulate import simulate
 from actors.ledger import LedgerRecord
 from actors.messages import Demand, Forwarded, Pack, PackSealed, SessionStarted
 from actors.mqtt.upstream import AckType, OutboundAck
 from actors.outbound import OutboundLedger
-from actors.supervisor import upstream_client_factory
+from actors.supervisor import Supervisor, upstream_client_factory
 from persistence.outbound_store import OutboundStore
+from spark.tables import READS, read_table
 from tests.actors.test_connection import settings
-from tests.actors.test_outbound import FakeLedger, OneByOne, records_of
+from tests.actors.test_outbound import FakeLedger, OneByOne, forwarding_environ, records_of
 from tests.harness.checks import wait_until
 from tests.harness.fake_broker import FakeBroker
 from tests.harness.inbox import Inbox
+from tests.harness.mqtt import Collector
 
 READER_1 = "zebra/fx/r1/reads"
 READER_2 = "zebra/fx/r2/reads"
@@ -408,15 +413,6 @@ def test_on_the_wire_a_retry_after_a_smaller_receive_maximum_stays_within_it(wir
 def test_a_persist_false_route_lands_every_read_but_forwards_none_stored_before_a_restart(
     mosquitto_factory, spark_session, tmp_path
 ):
-    from actors.app.dead_letters import load_dead_letters
-    from actors.clock import RealClock
-    from actors.config.schema import load_config
-    from actors.devtools.simulate import simulate
-    from actors.supervisor import Supervisor
-    from tests.actors.test_outbound import forwarding_environ
-    from spark.tables import READS, read_table
-    from tests.harness.mqtt import Collector
-
     source, upstream = mosquitto_factory(), mosquitto_factory()
     upstream.stop()  # the upstream is away: the reads wait in tier 2, in memory
     environ = forwarding_environ(
