@@ -29,7 +29,8 @@ source" and the SDK's `EventGridMqttClient*EventData` types): every event names 
 client's authentication name; session events add the session name and sequence number (and the
 disconnect its reason); created-or-updated adds createdOn, updatedOn, state and string-valued
 attributes. `clientName`, which the SDK's common base type carries for every type, names the
-client in every event (the `events` table's `client` column and the ledger topic come from it).
+client in every event (the `events` table's `client_id` column and the ledger topic come from
+it).
 """
 
 from __future__ import annotations

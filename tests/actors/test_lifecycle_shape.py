@@ -5,7 +5,7 @@ The field lists are Event Grid's: the page "Azure Event Grid Namespace as an Eve
 `EventGridMqttClient*EventData` types, whose common base `EventGridMqttClientEventData` gives every
 type `namespaceName`, `clientAuthenticationName` and `clientName`. The samples of the session
 events leave `clientName` out, so for them it is allowed, not required; ours always carries it (the
-`events` table's `client` column and the ledger topic come from it).
+`events` table's `client_id` column and the ledger topic come from it).
 
 The events checked are real ones: a ConnectionActor's connect and our own disconnect against a
 real mosquitto, and the created / deleted events of a configuration that adds and drops a client.
