@@ -76,7 +76,11 @@ def test_a_refused_subscription_is_loud_and_unhealthy_until_a_later_suback_grant
     refused = state()
     assert refused.state == "connected"  # the connection itself looks fine ...
     assert refused.refused_subscriptions == {TOPIC: "Not authorized (0x87)"}  # ... this does not
-    errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    errors = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and r.name == "actors.connection"
+    ]
     assert errors == [
         f"source: the broker refused the subscription to {TOPIC}: Not authorized (0x87); nothing "
         "arrives on it until a later SUBACK grants it (check the broker's ACL for "
@@ -146,7 +150,11 @@ def test_with_auto_reconnect_off_a_dropped_connection_stays_down_says_so_and_is_
     clock.advance(3600)
     down = proxy.state().get(timeout=10)
     assert (down.state, down.connects, down.next_attempt_in) == ("not_reconnecting", 1, None)
-    assert [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR] == [
+    assert [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.ERROR and r.name == "actors.connection"
+    ] == [
         f"source: connection to {mosquitto.host}:{mosquitto.port} ended ({down.last_reason}) and "
         "auto_reconnect = false: not reconnecting; restart fxgate once the broker is reachable"
     ]
