@@ -37,6 +37,7 @@ import pykka
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from actors.backoff import Backoff
@@ -142,7 +143,7 @@ class _Subscribed:
     failed: tuple[bool, ...]
 
 
-def describe_suback_reason(reason_code) -> str:
+def describe_suback_reason(reason_code: ReasonCode) -> str:
     """A SUBACK reason code as an operator reads it: "Not authorized (0x87)"."""
     return f"{reason_code} (0x{int(reason_code.value):02X})"
 
