@@ -14,6 +14,15 @@ and its host name, unless `tls_insecure`; a client certificate and key make it m
 handshake that fails is an ERROR naming the broker and the cause, a `ClientError` life-cycle event
 (only a configuration change can fix it) and the next attempt on the backoff schedule, never a
 crash. A password may come from a file, read at every connect so that a rotated one is used.
+
+A subscription the broker refuses (a SUBACK reason code >= 0x80, MQTT 5 §3.9.3) is not a passing
+log line: nothing will arrive on that filter while the connection looks healthy. The filter stays
+in `state().refused_subscriptions` (status, a metric and /healthz read it) until a later SUBACK
+grants it, e.g. after a reconnect once the broker's ACL is fixed.
+
+`auto_reconnect = false` means the first drop (or a failed first connect) ends the connection for
+good: one ERROR says so and how to recover, the state becomes `not_reconnecting` (health reports it
+at once, since it will not come back by itself), and the daemon keeps serving what it holds.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ import pykka
 from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
 from paho.mqtt.subscribeoptions import SubscribeOptions
 
 from actors.backoff import Backoff
@@ -133,6 +143,11 @@ class _Subscribed:
     failed: tuple[bool, ...]
 
 
+def describe_suback_reason(reason_code: ReasonCode) -> str:
+    """A SUBACK reason code as an operator reads it: "Not authorized (0x87)"."""
+    return f"{reason_code} (0x{int(reason_code.value):02X})"
+
+
 @dataclass(frozen=True, slots=True)
 class _Reconnect:
     pass
@@ -184,12 +199,15 @@ class _TlsErrorHandler(logging.Handler):
 @dataclass(frozen=True)
 class ConnectionState:
     name: str
-    state: str  # connecting | connected | waiting | stopped
+    state: str  # connecting | connected | waiting | not_reconnecting | stopped
     client_id: str
     last_reason: str | None
     connects: int
     disconnects: int
     next_attempt_in: float | None
+    # filter -> the broker's reason, for each subscription whose last SUBACK refused it
+    refused_subscriptions: dict[str, str] = field(default_factory=dict)
+    subscription_refusals: int = 0  # refused filters in SUBACKs since the actor started
 
 
 class ConnectionActor(pykka.ThreadingActor):
@@ -225,6 +243,9 @@ class ConnectionActor(pykka.ThreadingActor):
         self._refused_epoch: int | None = None
         # A TLS error paho met on the socket of an epoch, until that epoch's disconnect.
         self._tls_errors: dict[int, str] = {}
+        # Filters the broker's last SUBACK for them refused, and their reasons (module docstring).
+        self._refused: dict[str, str] = {}
+        self._refusals = 0
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -357,7 +378,8 @@ class ConnectionActor(pykka.ThreadingActor):
         tell_unless_dead(
             self.actor_ref,
             _Subscribed(
-                tuple(str(r) for r in reason_codes), tuple(r.is_failure for r in reason_codes)
+                tuple(describe_suback_reason(r) for r in reason_codes),
+                tuple(r.is_failure for r in reason_codes),
             ),
         )
 
@@ -369,13 +391,7 @@ class ConnectionActor(pykka.ThreadingActor):
         elif isinstance(message, _Disconnected):
             self._handle_disconnected(message)
         elif isinstance(message, _Subscribed):
-            for topic, reason, failed in zip(
-                self._s.subscriptions, message.reasons, message.failed, strict=False
-            ):
-                if failed:
-                    log.error("%s: subscription to %s refused: %s", self._s.name, topic, reason)
-                else:
-                    log.info("%s: subscribed to %s (%s)", self._s.name, topic, reason)
+            self._handle_subscribed(message)
         elif isinstance(message, SendAcks):
             self._client.send_acks(message.epoch, message.acks)
         elif isinstance(message, SendPublishes):
@@ -438,6 +454,33 @@ class ConnectionActor(pykka.ThreadingActor):
             # reconnect.
             options = SubscribeOptions(qos=self._s.qos, retainHandling=1)
             self._client.subscribe([(topic, options) for topic in self._s.subscriptions])
+
+    def _handle_subscribed(self, message: _Subscribed) -> None:
+        # One SUBSCRIBE per connection carries every filter, and the SUBACK answers them in
+        # order (MQTT 5 §3.9.3).
+        for topic, reason, failed in zip(
+            self._s.subscriptions, message.reasons, message.failed, strict=False
+        ):
+            if failed:
+                self._refused[topic] = reason
+                self._refusals += 1
+                log.error(
+                    "%s: the broker refused the subscription to %s: %s; nothing arrives on it "
+                    "until a later SUBACK grants it (check the broker's ACL for %s)",
+                    self._s.name,
+                    topic,
+                    reason,
+                    self._s.client_id,
+                )
+            elif self._refused.pop(topic, None) is not None:
+                log.warning(
+                    "%s: subscription to %s granted (%s) after a refusal",
+                    self._s.name,
+                    topic,
+                    reason,
+                )
+            else:
+                log.info("%s: subscribed to %s (%s)", self._s.name, topic, reason)
 
     def _handle_disconnected(self, message: _Disconnected) -> None:
         if self._stopping:
@@ -525,8 +568,15 @@ class ConnectionActor(pykka.ThreadingActor):
 
     def _schedule_reconnect(self) -> None:
         if not self._s.auto_reconnect:
-            self._state = "stopped"
-            log.error("%s: auto_reconnect is off; staying disconnected", self._s.name)
+            self._state = "not_reconnecting"
+            log.error(
+                "%s: connection to %s:%d ended (%s) and auto_reconnect = false: not reconnecting; "
+                "restart fxgate once the broker is reachable",
+                self._s.name,
+                self._s.host,
+                self._s.port,
+                self._last_reason or "-",
+            )
             return
         self._cancel_timer()
         delay = self._backoff.next_delay()
@@ -558,4 +608,6 @@ class ConnectionActor(pykka.ThreadingActor):
             self._connects,
             self._disconnects,
             next_in,
+            dict(self._refused),
+            self._refusals,
         )

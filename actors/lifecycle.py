@@ -22,6 +22,15 @@ Sinks are anything with `tell(event: dict)` and optionally a stable `name` (the 
 publisher, tests); `tell` returning means the sink has the event (the ledger's returns once the
 event is committed), raising ActorDeadError or Timeout means it does not.
 The actor does not know the MQTT reason codes: the caller maps them to Event Grid's reason names.
+
+The shape of each type's `data` is Event Grid's ("Azure Event Grid Namespace as an Event Grid
+source" and the SDK's `EventGridMqttClient*EventData` types): every event names its namespace
+(`namespaceName`, the gateway's environment id unless `[lifecycle] namespace` sets it) and the
+client's authentication name; session events add the session name and sequence number (and the
+disconnect its reason); created-or-updated adds createdOn, updatedOn, state and string-valued
+attributes. `clientName`, which the SDK's common base type carries for every type, names the
+client in every event (the `events` table's `client_id` column and the ledger topic come from
+it).
 """
 
 from __future__ import annotations
@@ -58,6 +67,9 @@ SESSION_CONNECTED = TYPE_PREFIX + "MQTTClientSessionConnected"
 SESSION_DISCONNECTED = TYPE_PREFIX + "MQTTClientSessionDisconnected"
 CLIENT_CREATED_OR_UPDATED = TYPE_PREFIX + "MQTTClientCreatedOrUpdated"
 CLIENT_DELETED = TYPE_PREFIX + "MQTTClientDeleted"
+
+# What an event's namespaceName is when the caller names none (the daemon always names one).
+DEFAULT_NAMESPACE = "fxgate"
 
 # How many emitted events `events()` keeps for `fxgate status`; the durable record is the sinks'.
 RECENT_EVENTS = 256
@@ -113,10 +125,14 @@ class LifecycleActor(pykka.ThreadingActor):
         source: str,
         *,
         durability: str = "process",
+        namespace: str = DEFAULT_NAMESPACE,
     ) -> None:
         super().__init__()
         if durability not in SYNCHRONOUS:
             raise ValueError(f"durability must be one of {sorted(SYNCHRONOUS)}")
+        if not namespace:
+            raise ValueError("a life-cycle namespace must not be empty")
+        self._namespace = namespace
         self._path = Path(path)
         self._clock = clock
         # By name: the outbox remembers, per sink, what it has not taken yet.
@@ -235,6 +251,7 @@ class LifecycleActor(pykka.ThreadingActor):
                 CLIENT_DELETED,
                 f"clients/{client_id}",
                 {
+                    "namespaceName": self._namespace,
                     "clientName": client_id,
                     "clientAuthenticationName": client.info.authentication_name,
                 },
@@ -257,10 +274,12 @@ class LifecycleActor(pykka.ThreadingActor):
                 {
                     "createdOn": rfc3339(client.created_on),
                     "updatedOn": rfc3339(client.updated_on),
+                    "namespaceName": self._namespace,
                     "clientName": info.client_id,
                     "clientAuthenticationName": info.authentication_name,
                     "state": "Enabled",
-                    "attributes": {"role": info.name, "host": info.host, "port": info.port},
+                    # Event Grid's attributes map strings to strings: the port goes as text.
+                    "attributes": {"role": info.name, "host": info.host, "port": str(info.port)},
                 },
                 info,
                 change=self._row(client),
@@ -301,6 +320,7 @@ class LifecycleActor(pykka.ThreadingActor):
         now = self._clock.wall()
         client.last_event_time = now
         data: dict = {
+            "namespaceName": self._namespace,
             "clientName": client.info.client_id,
             "clientAuthenticationName": client.info.authentication_name,
             "clientSessionName": session_name,

@@ -213,6 +213,7 @@ class Supervisor(WriterListener):
                 sinks,
                 f"fxgate/{cfg.identity.environment_id}/{cfg.identity.client_id}",
                 durability=cfg.gateway.durability,
+                namespace=cfg.lifecycle_namespace,
             )
             clients = [source_settings(cfg)]
             if cfg.forwarding:

@@ -139,6 +139,7 @@ class StatusBoard:
             if not alive:
                 reasons.append(f"actor {name} is not alive")
         reasons.extend(_storage_reasons(snapshot or {}, limits))
+        reasons.extend(_connection_causes(snapshot or {}))
         # While a connection is down, rows waiting for it is expected, and that rule says so.
         if not down and stalled > limits.writer_stalled_seconds:
             pending = ((snapshot or {}).get("ledger") or {}).get("pending", 0)
@@ -190,6 +191,46 @@ def _storage_reasons(snapshot: dict, limits: HealthThresholds) -> list[str]:
     return reasons
 
 
+def _connection_causes(snapshot: dict) -> list[str]:
+    """What makes a connection useless at once, whatever the down-time threshold: a subscription
+    the broker refused (connected, yet nothing arrives on that filter), or a connection that
+    ended with auto_reconnect = false (it will not come back by itself)."""
+    reasons = []
+    for name in CONNECTIONS:
+        conn = snapshot.get(name) or {}
+        for topic, why in sorted((conn.get("refused_subscriptions") or {}).items()):
+            reasons.append(
+                f"{name} subscription to {topic} refused by the broker ({why}): nothing arrives "
+                "on it until a SUBACK grants it"
+            )
+        if conn.get("state") == "not_reconnecting":
+            reasons.append(
+                f"{name} connection ended and auto_reconnect = false: not reconnecting "
+                f"(last reason: {conn.get('last_reason') or '-'})"
+            )
+    return reasons
+
+
+def _subscriptions(snapshot: dict) -> Iterator[Metric]:
+    refused = GaugeMetricFamily(
+        "fxgate_subscriptions_refused",
+        "Subscriptions whose last SUBACK refused them (nothing arrives on them).",
+        labels=["connection"],
+    )
+    refusals = CounterMetricFamily(
+        "fxgate_subscription_refusals",
+        "Subscriptions refused in SUBACKs (reason code >= 0x80).",
+        labels=["connection"],
+    )
+    for name in CONNECTIONS:
+        conn = snapshot.get(name)
+        if conn is None or "refused_subscriptions" not in conn:
+            continue
+        refused.add_metric([name], len(conn["refused_subscriptions"]))
+        refusals.add_metric([name], conn.get("subscription_refusals", 0))
+    yield from (refused, refusals)
+
+
 def _alive_actors(snapshot: dict) -> set[str]:
     return {name for name, alive in (snapshot.get("actors") or {}).items() if alive}
 
@@ -213,6 +254,7 @@ class StatusCollector:
         if snapshot is None:
             return
         yield from _connections(snapshot, health)
+        yield from _subscriptions(snapshot)
         yield from _ledger(snapshot)
         yield from _forwarding(snapshot)
         yield from _landing(snapshot)

@@ -134,6 +134,13 @@ def format_status(report: dict) -> str:
             f"(connects {upstream['connects']}, disconnects {upstream['disconnects']}, "
             f"last reason: {upstream.get('last_reason') or '-'})"
         )
+    for name in ("source", "upstream") if daemon.get("running") else ():
+        refused = (daemon.get(name) or {}).get("refused_subscriptions") or {}
+        for topic, why in sorted(refused.items()):
+            lines.append(
+                f"REFUSED:    the {name} broker refused the subscription to {topic} ({why}): "
+                "nothing arrives on it until a SUBACK grants it (check the broker's ACL)"
+            )
     outbound = daemon.get("outbound")
     if outbound:
         outbound = {**outbound, **daemon.get("buffer", {})}

@@ -126,6 +126,19 @@ def _env_var_name(value: str) -> str:
     return value
 
 
+_NAMESPACE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def _namespace_name(value: str) -> str:
+    # It names a scope in consumers' dashboards and queries: no spaces, slashes or wildcards.
+    if not _NAMESPACE.fullmatch(value):
+        raise ValueError(
+            f"{value[:_MAX_SHOWN_INPUT]!r}: 1 to 128 characters of letters, digits, '.', '_' "
+            "and '-', starting with a letter or digit"
+        )
+    return value
+
+
 def _memory_size(value: str) -> str:
     if not _MEMORY.fullmatch(value):
         raise ValueError(f"expected a JVM memory size such as '512m' or '2g', got {value!r}")
@@ -398,6 +411,9 @@ class LifecycleConfig(_Section):
     # The MQTT topic of the life-cycle events; {environment} = the environment id, {client} =
     # the connection's client id (a whole level, so consumers can subscribe with '+').
     topic: Annotated[str, AfterValidator(check_lifecycle_topic)] = DEFAULT_LIFECYCLE_TOPIC
+    # The events' `data.namespaceName` (Event Grid names the namespace in every client event);
+    # unset: the environment id (`Config.lifecycle_namespace`).
+    namespace: Annotated[str, AfterValidator(_namespace_name)] | None = None
 
 
 class SparkConfig(_Section):
@@ -496,6 +512,11 @@ class Config(BaseModel):
     @property
     def ledger_path(self) -> Path:
         return self.gateway.ledger_path
+
+    @property
+    def lifecycle_namespace(self) -> str:
+        """The life-cycle events' namespaceName: `[lifecycle] namespace`, else the environment."""
+        return self.lifecycle.namespace or self.identity.environment_id
 
     @property
     def tables_path(self) -> Path | str:

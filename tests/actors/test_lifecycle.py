@@ -20,6 +20,7 @@ from actors.lifecycle import (
 from actors.messages import ClientInfo, ClientsConfigured, SessionConnected, SessionDisconnected
 
 SOURCE = "fxgate/test-env/gw-01"
+NAMESPACE = "test-env"
 READER = ClientInfo("source", "fxgate-test-env-gw-01", "reader-user", "127.0.0.1", 1883, "f1")
 UPSTREAM = ClientInfo("upstream", "up-test-env-gw-01", "up-test-env-gw-01", "cloud", 8883, "u1")
 
@@ -49,7 +50,7 @@ class Lifecycle:
         self.refs: list[pykka.ActorRef] = []
 
     def start(self, *sinks, clients=(READER,)):
-        ref = LifecycleActor.start(self.path, self.clock, sinks, SOURCE)
+        ref = LifecycleActor.start(self.path, self.clock, sinks, SOURCE, namespace=NAMESPACE)
         self.refs.append(ref)
         proxy = ref.proxy()
         if clients is not None:
@@ -204,7 +205,8 @@ def test_first_start_announces_every_configured_client(lifecycle):
     assert data["clientAuthenticationName"] == "reader-user"
     assert data["state"] == "Enabled"
     assert data["createdOn"] == data["updatedOn"] == rfc3339(lifecycle.clock.wall())
-    assert data["attributes"] == {"role": "source", "host": "127.0.0.1", "port": 1883}
+    assert data["namespaceName"] == NAMESPACE
+    assert data["attributes"] == {"role": "source", "host": "127.0.0.1", "port": "1883"}
 
 
 def test_an_unchanged_restart_announces_nothing(lifecycle):
@@ -241,6 +243,7 @@ def test_a_client_dropped_from_the_configuration_is_deleted_and_forgotten(lifecy
     assert deleted["type"] == CLIENT_DELETED
     assert deleted["subject"] == f"clients/{UPSTREAM.client_id}"
     assert deleted["data"] == {
+        "namespaceName": NAMESPACE,
         "clientName": UPSTREAM.client_id,
         "clientAuthenticationName": UPSTREAM.authentication_name,
     }
@@ -278,6 +281,7 @@ def test_events_are_valid_cloudevents_stamped_by_the_injected_clock(lifecycle):
     session = f"clients/{READER.client_id}/sessions/{READER.client_id}"
     assert connected["subject"] == disconnected["subject"] == session
     assert disconnected["data"] == {
+        "namespaceName": NAMESPACE,
         "clientName": READER.client_id,
         "clientAuthenticationName": "reader-user",
         "clientSessionName": READER.client_id,
@@ -406,3 +410,8 @@ def test_client_info_fingerprint_follows_the_configuration_but_not_the_password(
     named = ConnectionSettings("source", "localhost", 1883, "fx-env-gw", ("zebra/#",), 2, "ops")
     assert client_info(named).authentication_name == "ops"
     assert "s3cret" not in repr(client_info(with_password))
+
+
+def test_an_empty_namespace_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="namespace"):
+        LifecycleActor(tmp_path / "l.sqlite", SimulatedClock(), (), SOURCE, namespace="")

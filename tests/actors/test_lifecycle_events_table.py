@@ -38,6 +38,10 @@ def test_the_source_connect_event_lands_in_the_events_table_exactly_once(
     assert len(connected) == 1, events
     assert (connected[0]["client_id"], connected[0]["sequence_number"]) == (client, 1)
     assert connected[0]["subject"] == f"clients/{client}/sessions/{client}"
+    # The daemon names the namespace: the environment id, as no [lifecycle] namespace is set.
+    assert {json.loads(e["data"])["namespaceName"] for e in events} == {
+        config.identity.environment_id
+    }
     assert [e["type"] for e in events].count(CLIENT_CREATED_OR_UPDATED) == 1
     assert len({e["id"] for e in events}) == len(events)
     # Nothing of it went to the other tables.

@@ -2,8 +2,8 @@
 
 mosquitto never refuses a PUBLISH with a reason code, yet paho 2.2 ignores a PUBREC >= 0x80
 (DESIGN §4), so the forwarder's failure handling needs a broker that refuses on demand. Tests script
-the answers (PUBACK/PUBREC reason codes, CONNACK reason and properties, server DISCONNECT reasons,
-held acks) and read back what the broker got (`received`, `pubrels`, `connects`, ...).
+the answers (PUBACK/PUBREC and SUBACK reason codes, CONNACK reason and properties, server
+DISCONNECT reasons, held acks) and read back what the broker got (`received`, `pubrels`, ...).
 
 Enough of MQTT 5 for a paho 2.2 client: CONNECT, PUBLISH at QoS 0/1/2 both ways, SUBSCRIBE,
 UNSUBSCRIBE, PINGREQ, DISCONNECT. Not a broker: no retained messages, no wills, no keep-alive
@@ -310,6 +310,9 @@ class FakeBroker:
         # What a PUBREL for a packet id not awaiting PUBREL gets: 0x92 Packet Identifier not found
         # (§3.7.2.1), e.g. after a PUBREC >= 0x80 ended the flow. mosquitto answers 0x00.
         self.pubcomp_unknown_reason = 0x92
+        # filter -> the SUBACK reason code >= 0x80 that refuses it (e.g. 0x87 Not authorized);
+        # mosquitto 2.0.11 grants a filter its ACL denies and then delivers nothing on it.
+        self.refuse_subscriptions: dict[str, int] = {}
         # What the fake got, in arrival order.
         self.received: list[Received] = []
         self.pubrels: list[tuple[str, int]] = []  # (client id, packet id)
@@ -620,6 +623,11 @@ class FakeBroker:
         while reader.remaining():
             topic_filter, options = reader.text(), reader.u8()
             qos = options & 0x03
+            refusal = self.refuse_subscriptions.get(topic_filter)
+            if refusal is not None:
+                conn.subscriptions.pop(topic_filter, None)
+                granted.append(refusal)
+                continue
             conn.subscriptions[topic_filter] = qos
             self.subscribes.append((conn.client_id, topic_filter, qos))
             granted.append(qos)
