@@ -163,3 +163,28 @@ def _later(before: float | None, moment: float) -> float:
 
 def _copy(value: object) -> object:
     return dict(value) if isinstance(value, dict) else value
+
+
+def summary(state: Mapping[str, object], now: float, silent_limit: float) -> dict:
+    """What status and /metrics show of one reader's state at `now` (wall seconds): ages, the
+    reader's own counters from its last heartbeat, and the reconciliation, labelled as this
+    gateway's figure."""
+    return {
+        "heartbeats": state.get("heartbeats", 0),
+        "heartbeat_age_seconds": heartbeat_age(state, now),
+        "silent_seconds": silent_for(state, now),
+        "silent": is_silent(state, now, silent_limit),
+        "events": dict(state.get("events") or {}),  # type: ignore[call-overload]
+        "data_messages": state.get("data_messages", 0),
+        "reported": {name: state.get(name) for name in ("received", "sent", "retained", "dropped")},
+        "reconciliation": {
+            # Only over the union of a shared group's gateways is it the reader's whole stream.
+            "scope": "per-gateway",
+            "intervals": state.get("intervals", 0),
+            "unaccounted": state.get("unaccounted", 0),
+            "last_interval_sent": state.get("last_interval_sent"),
+            "last_interval_received": state.get("last_interval_received"),
+            "counter_resets": state.get("counter_resets", 0),
+            "data_paths": state.get("paths"),
+        },
+    }
