@@ -37,8 +37,11 @@ alone, each gateway's table has the other gateways' shares as gaps. The work is 
 and one per gap, never the reads themselves.
 
 `reader_events` (DESIGN §7.9: a number is present when it is in `reads` or in `reader_events`)
-does not exist yet; `audit_frame` takes any DataFrame of the reads columns, so such rows can be
-unioned in when it does.
+exists now but is not unioned in: that rule holds only if a reader's management events share its
+tag events' `eventNum` counter, which nothing here shows; with a counter of their own (the
+simulator's) the union would interleave two counters into false resets and gaps. `audit_frame`
+takes any DataFrame of the reads columns, so the rows can be unioned in once a real reader's
+capture settles it (README, "Reader health").
 """
 
 from __future__ import annotations
