@@ -315,7 +315,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         crash_point("after_spark_job_before_mark")
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
         events = written.get(EVENTS, 0)
-        readers = self._count_readers(reads)
+        readers = self._count_readers(reads, tables.reader_events)
         health = observe_all(self._reader_health, list(tables.observations))
         try:
             self._ledger.commit_batch(batch_id, rows, dead, readers, health).get(
@@ -369,14 +369,42 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
         self._listener.batch_written(result)
 
-    def _count_readers(self, reads: pa.Table) -> dict[str, ReaderCount]:
+    def _count_readers(self, reads: pa.Table, reader_events: pa.Table) -> dict[str, ReaderCount]:
         """The counters of the readers in `reads` after its events, in arrival order (the
-        table's row order is the ledger's seq order, then each message's order)."""
+        table's row order is the ledger's seq order, then each message's order), with the
+        numbered management events of `reader_events` in their places: DESIGN §7.9 takes one
+        counter for both kinds, so a heartbeat's number is no gap in the tag events'."""
         from spark.gaps import ReaderCounter
 
         counters: dict[str, ReaderCounter] = {}
-        reader_ids = reads.column("reader_id").to_pylist()
-        event_nums = reads.column("event_num").to_pylist()
+        events = [
+            (seq, 0, reader_id, event_num)
+            for seq, reader_id, event_num in zip(
+                reader_events.column("seq").to_pylist(),
+                reader_events.column("reader_id").to_pylist(),
+                reader_events.column("event_num").to_pylist(),
+                strict=True,
+            )
+            if event_num is not None
+        ]
+        if events:
+            tags = [
+                (seq, 1 + index, reader_id, event_num)
+                for index, (seq, reader_id, event_num) in enumerate(
+                    zip(
+                        reads.column("seq").to_pylist(),
+                        reads.column("reader_id").to_pylist(),
+                        reads.column("event_num").to_pylist(),
+                        strict=True,
+                    )
+                )
+            ]
+            merged = sorted(tags + events, key=lambda row: (row[0], row[1]))
+            reader_ids = [row[2] for row in merged]
+            event_nums = [row[3] for row in merged]
+        else:  # the common case: no management event, the reads as they are
+            reader_ids = reads.column("reader_id").to_pylist()
+            event_nums = reads.column("event_num").to_pylist()
         for reader_id, event_num in zip(reader_ids, event_nums, strict=True):
             counter = counters.get(reader_id)
             if counter is None:

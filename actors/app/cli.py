@@ -330,13 +330,31 @@ def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool)
 )
 @click.option("--count", default=1500, show_default=True, help="messages per reader per phase")
 @click.option("--rate", default=300.0, show_default=True, help="messages/s in total")
-def demo(workdir: Path, count: int, rate: float) -> None:
+@click.option(
+    "--heartbeat-every",
+    default=500,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="a heartbeat per this many messages of a reader",
+)
+@click.option(
+    "--gpi-every",
+    default=250,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="a GPI change per this many messages of a reader; 0 = none",
+)
+def demo(workdir: Path, count: int, rate: float, heartbeat_every: int, gpi_every: int) -> None:
     """Broker + two simulated readers + the gateway; the broker restarts midway."""
     from actors.devtools.demo import run_demo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    sys.exit(run_demo(workdir, count=count, rate=rate))
+    sys.exit(
+        run_demo(
+            workdir, count=count, rate=rate, heartbeat_every=heartbeat_every, gpi_every=gpi_every
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -511,7 +511,8 @@ def _readers(snapshot: dict) -> Iterator[Metric]:
         ),
         "received": CounterMetricFamily(
             "fxgate_reader_events",
-            "Tag events with an eventNum that reached this gateway's table.",
+            "Events with an eventNum (tag events, and management events numbered on the same "
+            "counter) that reached this gateway's table.",
             labels=["reader"],
         ),
         "resets": CounterMetricFamily(

@@ -92,12 +92,17 @@ class TagEventGenerator:
         """The eventNum of the last event made (0 before the first)."""
         return self._event_num
 
+    def take_event_num(self) -> int:
+        """The next eventNum, for an event of another kind that shares the reader's counter."""
+        self._event_num += 1
+        return self._event_num
+
     def next_event(self) -> dict:
         rng = self._rng
-        self._event_num += 1
+        event_num = self.take_event_num()
         return {
             "data": {
-                "eventNum": self._event_num,
+                "eventNum": event_num,
                 "format": "epc",
                 "idHex": rng.choice(self.epcs),
                 "antenna": rng.choice(ANTENNAS),
@@ -131,21 +136,34 @@ class ReaderGatewayCounters:
 
 
 class ManagementEventGenerator:
-    """Management events of one reader in the IoT Connector's envelope, with their own eventNum
-    counter (whether a real FX9600 shares one counter with its tag events is not known here)."""
+    """Management events of one reader in the IoT Connector's envelope.
 
-    def __init__(self, reader: str, wall: Callable[[], float] | None = None) -> None:
+    Whether a real FX9600 numbers its management events on its tag events' counter is not known
+    here; DESIGN §7.9 counts an eventNum as present in `reads` or `reader_events`, which assumes
+    one counter, and so does the simulator when given `event_numbers` (the tag generator's
+    `take_event_num`); without it they have a counter of their own."""
+
+    def __init__(
+        self,
+        reader: str,
+        wall: Callable[[], float] | None = None,
+        event_numbers: Callable[[], int] | None = None,
+    ) -> None:
         self.reader = reader
         self._wall = wall if wall is not None else (lambda: time.time())  # noqa: PLW0108
-        self._event_num = 0
+        self._own_count = 0
+        self._event_numbers = event_numbers or self._own_number
         self._gpi_state = "LOW"
 
+    def _own_number(self) -> int:
+        self._own_count += 1
+        return self._own_count
+
     def _envelope(self, kind: str, data: dict) -> bytes:
-        self._event_num += 1
         doc = {
             "component": "RG",
             "data": data,
-            "eventNum": self._event_num,
+            "eventNum": self._event_numbers(),
             "timestamp": format_reader_timestamp(self._wall()),
             "type": kind,
         }
@@ -416,12 +434,15 @@ def simulate(
     counters = {} if counters is None else counters
     for name in names:
         counters.setdefault(name, ReaderGatewayCounters())
+    # One eventNum counter per reader for both kinds of event (DESIGN §7.9).
     management = {
-        name: (
-            ManagementEventGenerator(name, wall=pacing_clock.wall),
-            management_topic_template.format(reader=name),
+        generator.reader: (
+            ManagementEventGenerator(
+                generator.reader, wall=pacing_clock.wall, event_numbers=generator.take_event_num
+            ),
+            management_topic_template.format(reader=generator.reader),
         )
-        for name in names
+        for generator in generators
     }
     publishers = [_ReaderPublisher(name, f"{client_id_prefix}-{name}", qos) for name in names]
     started: list[_ReaderPublisher] = []

@@ -19,6 +19,7 @@ import pytest
 from actors.app.status import collect_status
 from actors.config.schema import load_config
 from actors.devtools.simulate import simulate
+from spark.audit import audit_tables
 from spark.tables import DEAD_LETTERS, READER_EVENTS, READS, read_table_arrow
 from tests.harness.checks import settled, wait_until_landed
 from tests.harness.daemon import gateway_env
@@ -110,6 +111,12 @@ def test_reader_events_land_once_through_a_kill_after_the_spark_job_and_the_batc
     assert through_spark.select("message_key").distinct().count() == len(result.management)
     assert read_table_arrow(data / "tables", READS).num_rows == 120
     assert read_table_arrow(data / "tables", DEAD_LETTERS).num_rows == 0
+
+    # One eventNum counter per reader for both kinds (DESIGN §7.9): the audit over reads and
+    # reader_events finds every number, 60 tag events and 8 management events per reader.
+    audit = audit_tables(spark_session, [data / "tables"]).to_json()
+    assert audit["complete"] is True, audit
+    assert {r: v["received"] for r, v in audit["readers"].items()} == dict.fromkeys(READERS, 68)
 
     # The replayed batch was counted once: 4 heartbeats, 60 data messages, nothing unaccounted.
     for reader, view in readers_now(env).items():

@@ -419,3 +419,33 @@ def test_reader_health_is_committed_with_its_batch_and_a_failed_attempt_counts_n
         assert recovered == {"r1": state}
     finally:
         again.stop()
+
+
+def test_a_heartbeats_event_number_in_the_readers_counter_is_no_gap_in_its_tag_events(
+    ledger, clock
+):
+    """DESIGN §7.9: one counter for both kinds of event. Tag events 1, 2, 4 around heartbeat 3
+    are complete; without the heartbeat's number, 3 would count as a lost read."""
+    tables = ScriptedTables([])
+    writer = start_writer(ledger, clock, tables)
+    try:
+        beat = json.loads(heartbeat_payload(2))
+        beat["eventNum"] = 3
+        pack = stored_messages(
+            ledger,
+            [
+                ("zebra/fx/r1/reads", PAYLOAD % 1),
+                ("zebra/fx/r1/reads", PAYLOAD % 2),
+                ("zebra/fx/r1/mgmt", json.dumps(beat).encode()),  # recognised by its shape
+                ("zebra/fx/r1/reads", PAYLOAD % 4),
+            ],
+        )
+        writer.tell(PackSealed(pack))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)
+        tables.wait_calls(1)
+        assert wait_until(lambda: writer.proxy().last_batch.get(timeout=5) is not None)
+        (counts,) = writer.proxy().last_batch.get(timeout=5).readers
+        assert counts == ReaderCount("r1", 4, 4, 0, 0, 0)
+    finally:
+        writer.stop()

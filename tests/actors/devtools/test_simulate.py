@@ -239,7 +239,8 @@ def test_event_timestamps_are_the_wall_time_frozen_by_freezegun():
 @pytest.mark.broker
 def test_simulated_heartbeats_report_exactly_the_data_messages_acknowledged_before_them(mosquitto):
     """Received in the order the broker routed them, each heartbeat's `sent` equals the data
-    messages of its reader that came before it; GPI changes toggle their pin."""
+    messages of its reader that came before it; GPI changes toggle their pin; all of a reader's
+    events are numbered on one counter."""
     from spark.zebra import parse_management_payload
     from tests.harness.mqtt import Collector
 
@@ -266,19 +267,26 @@ def test_simulated_heartbeats_report_exactly_the_data_messages_acknowledged_befo
     data_seen: dict[str, int] = defaultdict(int)
     reported: dict[str, list[int]] = defaultdict(list)
     gpi: dict[str, list[str]] = defaultdict(list)
+    numbers: dict[str, list[int]] = defaultdict(list)
     for topic, payload, _ in messages:
         reader = topic.split("/")[-2]
         if topic.endswith("/reads"):
             data_seen[reader] += 1
+            numbers[reader] += [read.event_num for read in parse_payload(payload)]
             continue
         assert topic == f"zebra/fx/{reader}/mgmt"
         event = parse_management_payload(payload)
+        numbers[reader].append(event.event_num)
         if event.is_heartbeat:
             assert event.counters.sent == data_seen[reader], (reader, event)
             reported[reader].append(event.counters.sent)
         else:
             gpi[reader].append(json.loads(event.data_json)["state"])
     assert reported == {"fx9600-01": [0, 10, 20, 25], "fx9600-02": [0, 10, 20, 25]}
+    # Tag and management events share the reader's eventNum counter (DESIGN §7.9): no gap.
+    assert {r: sorted(n) for r, n in numbers.items()} == {
+        r: list(range(1, 25 + 4 + 5 + 1)) for r in ("fx9600-01", "fx9600-02")
+    }
     assert gpi["fx9600-01"] == ["HIGH", "LOW", "HIGH", "LOW", "HIGH"]
     assert counters["fx9600-01"].sent == 25 and counters["fx9600-01"].received == 25
 
