@@ -115,13 +115,11 @@ class ReaderHealth:
 
     @classmethod
     def from_state(cls, state: Mapping[str, object]) -> ReaderHealth:
-        """A health from what `state()` gave; keys it does not know are refused (a newer
-        fxgate's state), missing ones take their defaults (an older one's)."""
+        """A health from what `state()` gave. Missing keys take their defaults (an older
+        fxgate's state) and keys it does not know are left out (a newer one's, after a
+        downgrade): the state is a figure to show, and the writer must not stop over it."""
         known = {f.name for f in fields(cls)}
-        unknown = sorted(set(state) - known)
-        if unknown:
-            raise ValueError(f"unknown reader health key(s): {', '.join(unknown)}")
-        return cls(**{name: _copy(value) for name, value in state.items()})
+        return cls(**{name: _copy(value) for name, value in state.items() if name in known})
 
 
 def observe_all(
