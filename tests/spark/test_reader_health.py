@@ -1,6 +1,9 @@
 """The reconciliation of a reader's own `sent` counter with what reached the gateway, and the
 silent flag: pure rules, fed observations in arrival order."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from spark.reader_health import (
     DATA,
     MANAGEMENT,
@@ -134,3 +137,38 @@ def test_heartbeat_age_and_the_silent_flag_follow_the_clock_they_are_given():
     assert is_silent(state, heard + 300.5, limit=300)
     assert not is_silent(state, heard + 10_000, limit=0)  # 0 switches the flag off
     assert not is_silent(ReaderHealth().state(), 10_000, limit=1)  # never heard: not silent
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.one_of(st.just("heartbeat"), st.sampled_from(["delivered", "dropped"])),
+        max_size=60,
+    )
+)
+def test_the_reconciliation_equals_the_messages_dropped_between_the_first_and_last_heartbeat(
+    script,
+):
+    """A reader with honest counters: whatever the mix, the running figure is exactly what was
+    lost on the way between its first and its last heartbeat."""
+    r = Reader()
+    health = ReaderHealth()
+    sent = 0
+    lost_between = 0
+    lost_since_heartbeat = 0
+    seen_heartbeat = False
+    for step in script:
+        if step == "heartbeat":
+            health.observe(r.heartbeat(sent))
+            if seen_heartbeat:
+                lost_between += lost_since_heartbeat
+            seen_heartbeat = True
+            lost_since_heartbeat = 0
+            continue
+        sent += 1
+        if step == "delivered":
+            health.observe(r.data()[0])
+        else:
+            lost_since_heartbeat += 1
+    assert health.unaccounted == lost_between
+    assert health.counter_resets == 0
