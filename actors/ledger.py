@@ -825,6 +825,7 @@ class InboundLedger(pykka.ThreadingActor):
         self._feeds[UPSTREAM].behind_from(store.first_owed(UPSTREAM))
         next_pack_id = store.counter(PACK_COUNTER) + 1
         readers = store.reader_counts()
+        reader_health = store.reader_health()
         store.commit()
         if open_batches or loose or upstream.messages:
             log.info(
@@ -834,7 +835,7 @@ class InboundLedger(pykka.ThreadingActor):
                 loose,
                 upstream.messages,
             )
-        return Recovery(open_batches, loose, next_pack_id, readers)
+        return Recovery(open_batches, loose, next_pack_id, readers, reader_health)
 
     def begin_batch(self, packs: Sequence[tuple[int, Sequence[int]]]) -> int:
         """Record a batch and the packs (pack id, row seqs) it holds, before its Spark job."""
@@ -859,13 +860,20 @@ class InboundLedger(pykka.ThreadingActor):
         rows: int,
         dead_letters: int,
         readers: Mapping[str, ReaderCount] | None = None,
+        health: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         """The batch is in the tables: mark it, drop the payloads no sink owes any more,
-        update the readers' counters, prune old landed keys."""
+        update the readers' counters and health states, prune old landed keys."""
         assert self._store is not None
         with self._asked_write():
             self._store.commit_batch(
-                batch_id, rows, dead_letters, self._clock.wall(), self._retention, readers
+                batch_id,
+                rows,
+                dead_letters,
+                self._clock.wall(),
+                self._retention,
+                readers,
+                health,
             )
             self._commit()
 

@@ -105,6 +105,8 @@ class Recovery:
     loose: int
     next_pack_id: int
     readers: Mapping[str, ReaderCount] = field(default_factory=dict)
+    # Each reader's health state (spark.reader_health), as of the last committed batch.
+    reader_health: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,6 +221,9 @@ class BatchWritten:
     events: int = 0  # life-cycle events landed in the `events` table
     # The event-number counters of the readers this batch had reads of, after it (spark.gaps).
     readers: tuple[ReaderCount, ...] = ()
+    reader_events: int = 0  # management events landed in the `reader_events` table
+    # The health states of the readers this batch had messages of, after it.
+    reader_health: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
 
 
 # -- connections -> the life-cycle actor -------------------------------------------------------

@@ -162,6 +162,9 @@ class Supervisor(WriterListener):
         self._health: WriterHealth | None = None  # the writer's latest, from its thread
         # Each reader's event-number counters (this gateway's intake), as of the last batch.
         self.readers: dict[str, ReaderCount] = {}
+        # Each reader's health state (spark.reader_health), as of the last batch.
+        self.reader_health: dict[str, dict] = {}
+        self.reader_events_written = 0
 
     # -- start / stop -----------------------------------------------------------------------
 
@@ -222,6 +225,7 @@ class Supervisor(WriterListener):
             recovery = ledger.proxy().recovery().get(timeout=ASK_TIMEOUT)
             with self._batch_lock:
                 self.readers = dict(recovery.readers)
+                self.reader_health = {r: dict(s) for r, s in recovery.reader_health.items()}
             tables = cfg.spark.tables_path(cfg.gateway.data_path)
             if isinstance(tables, Path):  # a local directory; a URI's storage is the cluster's
                 private_directory(tables)
@@ -246,6 +250,8 @@ class Supervisor(WriterListener):
                 max_payload_bytes=cfg.spark.max_payload_bytes,
                 max_reads_per_message=cfg.spark.max_reads_per_message,
                 readers=dict(recovery.readers),
+                management_topics=cfg.source.management_topics,
+                reader_health=dict(recovery.reader_health),
                 **self._writer_options,
             )
             pack = self._start(
@@ -400,6 +406,8 @@ class Supervisor(WriterListener):
             self.dead_letters_written += batch.dead_letters
             self.events_written += batch.events
             self.readers.update((r.reader_id, r) for r in batch.readers)
+            self.reader_health.update(batch.reader_health)
+            self.reader_events_written += batch.reader_events
             self._landed.notify_all()
 
     def wait_for_landed(
@@ -448,7 +456,14 @@ class Supervisor(WriterListener):
                 }
                 for reader_id, c in sorted(self.readers.items())
             }
-            out["last_batch"] = asdict(self.last_batch) if self.last_batch else None
+            out["reader_health"] = {
+                reader_id: dict(state) for reader_id, state in sorted(self.reader_health.items())
+            }
+            out["reader_events_written"] = self.reader_events_written
+            last = asdict(self.last_batch) if self.last_batch else None
+            if last is not None:
+                last.pop("reader_health", None)  # the whole of it is above
+            out["last_batch"] = last
             if self._health is not None:
                 out["spark"] = asdict(self._health)
         out["wall_time"] = self.clock.wall()

@@ -98,8 +98,15 @@ class SparkWriterActor(pykka.ThreadingActor):
         max_payload_bytes: int = 1024 * 1024,
         max_reads_per_message: int = 10_000,
         readers: dict[str, ReaderCount] | None = None,
+        management_topics: tuple[str, ...] = (),
+        reader_health: dict[str, dict] | None = None,
     ) -> None:
         super().__init__()
+        # Each reader's health (spark.reader_health), kept like the counters below: a batch
+        # observes on copies, committed with the batch. Seeded from the ledger at start.
+        self._reader_health: dict[str, dict] = dict(reader_health or {})
+        # Messages on these topic filters are management events (the rest: by their shape).
+        self._management_topics = tuple(management_topics)
         # Each reader's event-number counters as committed with the last batch (spark.gaps): a
         # batch counts its reads on a copy, committed with the batch, so a replay never counts
         # twice. Seeded from the ledger at start (the recovery).
@@ -262,8 +269,9 @@ class SparkWriterActor(pykka.ThreadingActor):
     # -- one batch --------------------------------------------------------------------------
 
     def _write(self, batch: ReplayBatch) -> None:
+        from spark.reader_health import observe_all
         from spark.schema import build_batch
-        from spark.tables import DEAD_LETTERS, EVENTS, READS
+        from spark.tables import DEAD_LETTERS, EVENTS, READER_EVENTS, READS
 
         assert self._tables is not None
         batch_id, records = batch.batch_id, batch.records
@@ -275,6 +283,8 @@ class SparkWriterActor(pykka.ThreadingActor):
             events_filter=self._events_filter,
             max_payload_bytes=self._max_payload_bytes,
             max_reads=self._max_reads,
+            management_filters=self._management_topics,
+            known_readers=self._reader_health.keys(),
         )
         try:
             reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
@@ -287,7 +297,13 @@ class SparkWriterActor(pykka.ThreadingActor):
         mid_job = crash_soon("mid_spark_job")
         try:
             written = self._tables.write_batch(
-                batch_id, {READS: reads, DEAD_LETTERS: tables.dead_letters, EVENTS: tables.events}
+                batch_id,
+                {
+                    READS: reads,
+                    DEAD_LETTERS: tables.dead_letters,
+                    EVENTS: tables.events,
+                    READER_EVENTS: tables.reader_events,
+                },
             )
         except Exception as error:  # Spark and py4j raise many kinds; every one is retried
             self._schedule_retry(batch, error)
@@ -299,9 +315,12 @@ class SparkWriterActor(pykka.ThreadingActor):
         crash_point("after_spark_job_before_mark")
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
         events = written.get(EVENTS, 0)
-        readers = self._count_readers(reads)
+        readers = self._count_readers(reads, tables.reader_events)
+        health = observe_all(self._reader_health, list(tables.observations))
         try:
-            self._ledger.commit_batch(batch_id, rows, dead, readers).get(timeout=LEDGER_ASK_TIMEOUT)
+            self._ledger.commit_batch(batch_id, rows, dead, readers, health).get(
+                timeout=LEDGER_ASK_TIMEOUT
+            )
         except (StorageUnavailable, pykka.Timeout) as error:
             # The files are written but not recorded: the retry overwrites the same partitions.
             self._schedule_retry(batch, error)
@@ -326,6 +345,7 @@ class SparkWriterActor(pykka.ThreadingActor):
                 )
             )
         self._readers.update(readers)
+        self._reader_health.update(health)
         self._retry_backoff.reset()
         result = BatchWritten(
             batch_id,
@@ -335,6 +355,8 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._clock.monotonic() - started,
             events,
             tuple(readers.values()),
+            written.get(READER_EVENTS, 0),
+            health,
         )
         self.last_batch = result
         log.info(
@@ -347,14 +369,42 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
         self._listener.batch_written(result)
 
-    def _count_readers(self, reads: pa.Table) -> dict[str, ReaderCount]:
+    def _count_readers(self, reads: pa.Table, reader_events: pa.Table) -> dict[str, ReaderCount]:
         """The counters of the readers in `reads` after its events, in arrival order (the
-        table's row order is the ledger's seq order, then each message's order)."""
+        table's row order is the ledger's seq order, then each message's order), with the
+        numbered management events of `reader_events` in their places: DESIGN §7.9 takes one
+        counter for both kinds, so a heartbeat's number is no gap in the tag events'."""
         from spark.gaps import ReaderCounter
 
         counters: dict[str, ReaderCounter] = {}
-        reader_ids = reads.column("reader_id").to_pylist()
-        event_nums = reads.column("event_num").to_pylist()
+        events = [
+            (seq, 0, reader_id, event_num)
+            for seq, reader_id, event_num in zip(
+                reader_events.column("seq").to_pylist(),
+                reader_events.column("reader_id").to_pylist(),
+                reader_events.column("event_num").to_pylist(),
+                strict=True,
+            )
+            if event_num is not None
+        ]
+        if events:
+            tags = [
+                (seq, 1 + index, reader_id, event_num)
+                for index, (seq, reader_id, event_num) in enumerate(
+                    zip(
+                        reads.column("seq").to_pylist(),
+                        reads.column("reader_id").to_pylist(),
+                        reads.column("event_num").to_pylist(),
+                        strict=True,
+                    )
+                )
+            ]
+            merged = sorted(tags + events, key=lambda row: (row[0], row[1]))
+            reader_ids = [row[2] for row in merged]
+            event_nums = [row[3] for row in merged]
+        else:  # the common case: no management event, the reads as they are
+            reader_ids = reads.column("reader_id").to_pylist()
+            event_nums = reads.column("event_num").to_pylist()
         for reader_id, event_num in zip(reader_ids, event_nums, strict=True):
             counter = counters.get(reader_id)
             if counter is None:

@@ -123,6 +123,17 @@ reader_counters = Table(
     Column("without_event_num", Integer, nullable=False),
 )
 
+# Each reader's health as seen through its messages (spark.reader_health: heartbeats, its own
+# counters, the reconciliation), as JSON, updated in the same transaction as the batch that
+# landed them, like reader_counters. A table added without a new schema version: create_all
+# adds it to an existing file, and an older fxgate leaves a table it does not know alone.
+reader_health = Table(
+    "reader_health",
+    metadata,
+    Column("reader_id", String, primary_key=True),
+    Column("state", String, nullable=False),
+)
+
 # Small named counters that must never go back across restarts (pack ids).
 counters = Table(
     "counters",

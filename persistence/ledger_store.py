@@ -21,6 +21,7 @@ transaction SQLAlchemy opened: SQLAlchemy's per-statement work cost more than th
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -271,9 +272,11 @@ class LedgerStore:
         now: float,
         retention: float,
         readers: Mapping[str, ReaderCount] | None = None,
+        health: Mapping[str, Mapping[str, object]] | None = None,
     ) -> None:
         """The batch is in the tables: mark it and its rows landed, delete the payloads no sink
-        owes any more, update the readers' counters, prune keys older than `retention`."""
+        owes any more, update the readers' counters and health states, prune keys older than
+        `retention`."""
         self._run(
             "UPDATE batches SET state = 'committed', committed_time = ?, rows = ?, "
             "dead_letters = ? WHERE batch_id = ?",
@@ -287,6 +290,12 @@ class LedgerStore:
         )
         if readers:
             self._save_readers(readers.values())
+        if health:
+            self._run_many(
+                "INSERT INTO reader_health (reader_id, state) VALUES (?, ?) "
+                "ON CONFLICT (reader_id) DO UPDATE SET state = excluded.state",
+                [(reader, json.dumps(state, sort_keys=True)) for reader, state in health.items()],
+            )
         self._run(
             "DELETE FROM inbound WHERE landed_time < ? AND packet_id IS NULL AND forward IS NULL",
             (now - retention,),
@@ -348,6 +357,17 @@ class LedgerStore:
             "FROM reader_counters"
         ).fetchall()
         return {row[0]: ReaderCount(*row) for row in rows}
+
+    def reader_health(self) -> dict[str, dict]:
+        """Each reader's health state (spark.reader_health) as of the last committed batch; none
+        from a file no daemon of this version has opened yet (the table does not exist)."""
+        try:
+            rows = self._run("SELECT reader_id, state FROM reader_health").fetchall()
+        except sqlite3.OperationalError as error:
+            if "no such table" not in str(error):
+                raise
+            return {}
+        return {reader: json.loads(state) for reader, state in rows}
 
     def _save_readers(self, counts: Iterable[ReaderCount]) -> None:
         self._run_many(

@@ -36,9 +36,11 @@ alone, each gateway's table has the other gateways' shares as gaps. The work is 
 (one window sort per reader's rows); what comes back to Python is one row per reader and epoch
 and one per gap, never the reads themselves.
 
-`reader_events` (DESIGN §7.9: a number is present when it is in `reads` or in `reader_events`)
-does not exist yet; `audit_frame` takes any DataFrame of the reads columns, so such rows can be
-unioned in when it does.
+**Management events** (DESIGN §7.9): a number is present when it is in `reads` or in
+`reader_events` for that reader, so the numbered management events of each directory are
+unioned in with the reads (their tag columns null): a heartbeat numbered on the reader's one
+counter is then no gap. The rule assumes one counter for both kinds of event, which nothing here
+shows of a real FX9600 (README, "Reader health").
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ from pyspark.sql import functions as F
 
 from spark.gaps import epoch_offsets, range_size
 from spark.location import Location, local_path, spark_uri
-from spark.tables import READS, table_path
+from spark.tables import READER_EVENTS, READS, table_path
 
 log = logging.getLogger(__name__)
 
@@ -288,9 +290,28 @@ def read_reads(session: SparkSession, tables_dir: Location) -> DataFrame | None:
     return df.select(*(column.alias(name) for name, column in columns.items()))
 
 
+def read_numbered_reader_events(session: SparkSession, tables_dir: Location) -> DataFrame | None:
+    """The management events of `tables_dir` that carry an eventNum, with the audit's columns
+    (the tag columns null), or None when there is no `reader_events` table (yet)."""
+    path = table_path(spark_uri(tables_dir), READER_EVENTS)
+    try:
+        df = session.read.option("mergeSchema", "true").parquet(path)
+    except AnalysisException as error:
+        if error.getCondition() in ("UNABLE_TO_INFER_SCHEMA", "PATH_NOT_FOUND"):
+            return None
+        raise
+    columns = {name: F.col(name).cast(kind) for name, kind in REQUIRED.items()}
+    for name, kind in OPTIONAL.items():
+        columns[name] = (F.col(name) if name in df.columns else F.lit(None)).cast(kind)
+    return df.where(F.col("event_num").isNotNull()).select(
+        *(column.alias(name) for name, column in columns.items())
+    )
+
+
 def audit_tables(session: SparkSession, tables_dirs: Sequence[Location]) -> AuditReport:
     """Audit the union of the reads tables of `tables_dirs` (one gateway's, or every gateway's
-    of one shared group). Raises AuditError when a directory holds no reads table."""
+    of one shared group), with their numbered management events. Raises AuditError when a
+    directory holds no reads table."""
     if not tables_dirs:
         raise ValueError("no tables directory to audit")
     frames = []
@@ -298,6 +319,9 @@ def audit_tables(session: SparkSession, tables_dirs: Sequence[Location]) -> Audi
         df = read_reads(session, tables_dir)
         if df is not None:
             frames.append(df.withColumn(_DIR, F.lit(index)))
+        events = read_numbered_reader_events(session, tables_dir)
+        if events is not None:
+            frames.append(events.withColumn(_DIR, F.lit(index)))
     names = tuple(str(tables_dir) for tables_dir in tables_dirs)
     if not frames:
         return AuditReport(names)

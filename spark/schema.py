@@ -1,5 +1,5 @@
-"""Arrow schemas of the `reads`, `dead_letters` and `events` tables, and ledger records → Arrow
-tables.
+"""Arrow schemas of the `reads`, `dead_letters`, `events` and `reader_events` tables, and ledger
+records → Arrow tables.
 
 The Spark writer hands `createDataFrame` a `pyarrow.Table` because that is the fast path (DESIGN §4:
 ~140k rows/s, tuples are 3x slower). `build_batch` is a pure function of its records and batch id:
@@ -18,7 +18,7 @@ import functools
 import hashlib
 import json
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
@@ -26,13 +26,18 @@ from typing import Protocol
 import pyarrow as pa
 
 from persistence.keys import ReadKey, payload_hash_read_id
+from spark.reader_health import DATA, MANAGEMENT, ReaderObservation
 from spark.topics import reader_id_from_topic, safe_reader_id, topic_matches, topic_problem
 from spark.zebra import (
     DEFAULT_MAX_BYTES,
     DEFAULT_MAX_READS,
+    INVALID_MANAGEMENT_EVENT,
     INVALID_TOPIC,
+    ManagementEvent,
     PayloadError,
     TagRead,
+    management_event_in,
+    parse_management_payload,
     parse_payload,
 )
 
@@ -106,6 +111,30 @@ EVENTS_SCHEMA = pa.schema(
     ]
 )
 
+# The readers' management events (spark.zebra: heartbeats, GPI, errors, ...), one row per event.
+READER_EVENTS_SCHEMA = pa.schema(
+    [
+        # The ledger's idempotency key of the message (one event per message).
+        pa.field("message_key", pa.string(), nullable=False),
+        pa.field("topic", pa.string()),
+        pa.field("reader_id", pa.string()),
+        # The envelope, typed: `type` as the reader spelled it (heartbeat, gpi, error, ...).
+        pa.field("type", pa.string()),
+        pa.field("event_time", UTC_MICROS),
+        pa.field("component", pa.string()),
+        pa.field("event_num", pa.int64()),
+        pa.field("data", pa.string()),  # the event's `data`, as JSON with sorted keys
+        pa.field("received_time", UTC_MICROS),
+        pa.field("qos", pa.int8()),
+        pa.field("pack_id", pa.int64()),
+        pa.field("batch_id", pa.int64()),
+        # 'YYYY-MM-DD' of received_time in UTC (DESIGN §7.7: the receive date; a reader's clock
+        # is not trusted to place its events).
+        pa.field("date", pa.string()),
+        pa.field("seq", pa.int64()),
+    ]
+)
+
 # The two sinks of the ledger, as the dead_letters `sink` column names them.
 TABLE_SINK = "table"
 UPSTREAM_SINK = "upstream"
@@ -144,6 +173,9 @@ class BatchTables:
     reads: pa.Table
     dead_letters: pa.Table
     events: pa.Table = field(default_factory=EVENTS_SCHEMA.empty_table)
+    reader_events: pa.Table = field(default_factory=READER_EVENTS_SCHEMA.empty_table)
+    # Each reader's messages in arrival order, for spark.reader_health (not a table).
+    observations: tuple[ReaderObservation, ...] = ()
 
 
 Parser = Callable[[bytes], tuple[TagRead, ...]]
@@ -157,10 +189,19 @@ def build_batch(
     events_filter: str | None = None,
     max_payload_bytes: int = DEFAULT_MAX_BYTES,
     max_reads: int = DEFAULT_MAX_READS,
+    management_filters: tuple[str, ...] = (),
+    known_readers: Collection[str] = frozenset(),
 ) -> BatchTables:
     """Parse every record: one `reads` row per tag read, one `dead_letters` row per bad message,
-    and one `events` row per message on a topic matching `events_filter` (the life-cycle topics,
-    actors.config.routes.lifecycle_filter; None: no record is an event).
+    one `events` row per message on a topic matching `events_filter` (the life-cycle topics,
+    actors.config.routes.lifecycle_filter; None: no record is an event), and one
+    `reader_events` row per management event: a message on a topic matching one of
+    `management_filters` (it must be one, or it is dead-lettered as
+    `invalid_management_event`), or any message the tag parser refuses whose shape is the
+    management envelope (spark.zebra.management_event_in). `observations` lists each reader's
+    data messages and management events in record order (spark.reader_health); a bad payload
+    counts as a data message only from a reader that sent a valid one, in this batch or before
+    (`known_readers`).
 
     Rows come in record order, then read order within a message, so the same records always give
     identical tables. `read_key` names each read (its `message_id`; persistence.keys.READ_KEYS).
@@ -172,6 +213,12 @@ def build_batch(
     if parse is None:
         parse = functools.partial(parse_payload, max_bytes=max_payload_bytes, max_reads=max_reads)
     events: list[tuple[object, dict, int]] = []
+    management: list[tuple[object, ManagementEvent, int, str]] = []
+    observations: list[ReaderObservation] = []
+    # Readers that sent a valid tag event or management event in this batch or before: a bad
+    # payload counts as a data message received only from these (junk on some topic is not a
+    # reader whose silence anyone should be told about).
+    valid_readers: set[str] = set()
     message_id: list[str] = []
     topic: list[str] = []
     reader_id: list[str] = []
@@ -202,6 +249,7 @@ def build_batch(
     topics: dict[str, tuple[str | None, str, str]] = {}
     for record in records:
         received_us = _epoch_micros(record.received_time)
+        kind: str | None = None  # DATA or MANAGEMENT once the record is taken as one
         decided = getattr(record, "dead_reason", None)
         sink = TABLE_SINK
         record_topic = record.topic
@@ -232,7 +280,42 @@ def build_batch(
             if events_filter is not None and topic_matches(events_filter, record_topic):
                 events.append((record, _parse_event(record.payload), received_us))
                 continue
-            reads = parse(record.payload)
+            if management_filters and any(
+                topic_matches(f, record_topic) for f in management_filters
+            ):
+                kind = MANAGEMENT
+                event = parse_management_payload(record.payload, max_payload_bytes)
+            else:
+                kind = DATA
+                try:
+                    reads = parse(record.payload)
+                    event = None
+                except PayloadError as failure:
+                    event = management_event_in(record.payload, failure, max_payload_bytes)
+                    kind = MANAGEMENT
+            if event is not None:
+                management.append((record, event, received_us, safe_reader))
+                valid_readers.add(safe_reader)
+                observations.append(
+                    ReaderObservation(
+                        safe_reader,
+                        record.seq,
+                        record.received_time,
+                        MANAGEMENT,
+                        event.type,
+                        event.is_heartbeat,
+                        None
+                        if event.counters is None
+                        else {
+                            "received": event.counters.received,
+                            "sent": event.counters.sent,
+                            "retained": event.counters.retained,
+                            "dropped": event.counters.dropped,
+                        },
+                        1 if event.counters is None else event.counters.paths,
+                    )
+                )
+                continue
         except PayloadError as exc:
             reason, detail = exc.reason, exc.detail
         except Exception as exc:  # see PARSER_ERROR
@@ -240,6 +323,16 @@ def build_batch(
             reason, detail = PARSER_ERROR, f"{type(exc).__name__}: {exc}"
         else:
             reason = detail = ""
+        if (
+            kind == DATA
+            and reason != INVALID_MANAGEMENT_EVENT  # a bad management event is no data message
+            and (not reason or safe_reader in valid_readers or safe_reader in known_readers)
+        ):
+            if not reason:
+                valid_readers.add(safe_reader)
+            observations.append(
+                ReaderObservation(safe_reader, record.seq, record.received_time, DATA)
+            )
         if reason:
             payload = bytes(record.payload)
             if len(payload) > max_payload_bytes:
@@ -323,6 +416,8 @@ def build_batch(
         reads=reads_table,
         dead_letters=dead_table,
         events=_events_table(events, batch_id),
+        reader_events=_reader_events_table(management, batch_id),
+        observations=tuple(observations),
     )
 
 
@@ -395,6 +490,31 @@ def _events_table(events: list[tuple[object, dict, int]], batch_id: int) -> pa.T
             _utc_dates(times),
         ],
         schema=EVENTS_SCHEMA,
+    )
+
+
+def _reader_events_table(
+    management: list[tuple[object, ManagementEvent, int, str]], batch_id: int
+) -> pa.Table:
+    received = pa.array([r for _, _, r, _ in management], type=UTC_MICROS)
+    return pa.table(
+        [
+            pa.array([m.message_key for m, _, _, _ in management], type=pa.string()),
+            pa.array([m.topic for m, _, _, _ in management], type=pa.string()),
+            pa.array([reader for _, _, _, reader in management], type=pa.string()),
+            pa.array([e.type for _, e, _, _ in management], type=pa.string()),
+            pa.array([e.event_time for _, e, _, _ in management], type=UTC_MICROS),
+            pa.array([e.component for _, e, _, _ in management], type=pa.string()),
+            pa.array([e.event_num for _, e, _, _ in management], type=pa.int64()),
+            pa.array([e.data_json for _, e, _, _ in management], type=pa.string()),
+            received,
+            pa.array([m.qos for m, _, _, _ in management], type=pa.int8()),
+            pa.array([m.pack_id for m, _, _, _ in management], type=pa.int64()),
+            pa.array([batch_id] * len(management), type=pa.int64()),
+            _utc_dates(received),
+            pa.array([m.seq for m, _, _, _ in management], type=pa.int64()),
+        ],
+        schema=READER_EVENTS_SCHEMA,
     )
 
 

@@ -67,6 +67,7 @@ logger = logging.getLogger(__name__)
 READS = "reads"
 DEAD_LETTERS = "dead_letters"
 EVENTS = "events"
+READER_EVENTS = "reader_events"
 
 DATE = "date"
 BATCH_ID = "batch_id"

@@ -16,6 +16,22 @@ Hostile input is bounded before it costs anything: the size first, then the nest
 the number of events. Every outcome is a pure function of the bytes (never of the thread that
 parses them), so a batch replayed after a crash dead-letters exactly what it did before.
 
+The same reader also publishes **management events** (the connector's "management events"
+interface: heartbeats, GPI and GPO pin changes, errors, warnings, firmware update progress), one
+envelope for all of them:
+
+    {"type": "heartbeat", "timestamp": "2026-11-21T10:00:00.123+0000", "component": "RG",
+     "eventNum": 327, "data": {"reader_gateway": {"dataPathStatistics": [
+         {"numDataMessagesRxed": 3062, "numDataMessagesTxed": 3062,
+          "numDataMessagesRetained": 0, "numDataMessagesDropped": 0}], ...}, ...}}
+
+A tag data event never carries `component` nor a top-level `eventNum` (its counter is inside
+`data`), so the envelope is told apart by its shape (`management_event_in`), or by the topic it
+came on when the operator names the management topics; `parse_management_payload` checks one.
+A heartbeat's data-path counters come from `data.reader_gateway`: flat `numDataMessages*`
+fields as Zebra's documentation shows them, or the `dataPathStatistics` array that live readers
+were seen to send instead (`DataPathCounters`).
+
 Topics and reader ids come from whoever can publish to the broker: `topic_problem` says when a
 topic cannot be stored as it is, and `safe_reader_id` turns a reader's topic level into a name
 that is safe as a file name or a partition value.
@@ -53,6 +69,8 @@ BAD_TIMESTAMP = "bad_timestamp"  # not ISO-8601, no offset, or outside _EARLIEST
 BAD_EPC = "bad_epc"  # idHex not hexadecimal
 NESTED_TOO_DEEP = "nested_too_deep"  # JSON nested deeper than MAX_NESTING
 INVALID_TOPIC = "invalid_topic"  # not a valid MQTT topic name (topic_problem), set by the batch
+# A management event envelope with a bad field, or a message on a management topic that is not one.
+INVALID_MANAGEMENT_EVENT = "invalid_management_event"
 
 REASONS = frozenset(
     {
@@ -68,6 +86,7 @@ REASONS = frozenset(
         BAD_EPC,
         NESTED_TOO_DEEP,
         INVALID_TOPIC,
+        INVALID_MANAGEMENT_EVENT,
     }
 )
 
@@ -244,6 +263,170 @@ def _opt_float(value: object, where: str, name: str) -> float | None:
     if not math.isfinite(result):
         raise PayloadError(WRONG_TYPE, f"{where}{name}: {show(value)} is not a finite number")
     return result
+
+
+# -- management events ------------------------------------------------------------------------
+
+# The envelope's `type` of a heartbeat; other types (gpi, gpo, error, warning,
+# firmwareUpdateProgress, userapp) are stored alike and counted per type. Compared in lower case:
+# the documentation and captures disagree on the case of some names.
+HEARTBEAT = "heartbeat"
+
+# Tag parse failures after which a payload may still be a management event: a JSON object whose
+# `data` is an object without `idHex` (MISSING_FIELD) or is not an object (NOT_A_TAG_EVENT).
+_MAYBE_MANAGEMENT = frozenset({MISSING_FIELD, NOT_A_TAG_EVENT})
+
+# heartbeat data.reader_gateway counter -> DataPathCounters field.
+_PATH_COUNTERS = {
+    "numDataMessagesRxed": "received",
+    "numDataMessagesTxed": "sent",
+    "numDataMessagesRetained": "retained",
+    "numDataMessagesDropped": "dropped",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class DataPathCounters:
+    """The reader gateway's own data-message counters, from one heartbeat: `sent` is what the
+    reader published to its data endpoint(s). `paths` is how many data paths they were summed
+    over (more than one: several data endpoints, and `sent` counts each message once per
+    endpoint). A counter the heartbeat did not carry is None."""
+
+    received: int | None
+    sent: int | None
+    retained: int | None
+    dropped: int | None
+    paths: int = 1
+
+
+@dataclass(frozen=True, slots=True)
+class ManagementEvent:
+    type: str  # as the reader spelled it
+    event_time: datetime
+    component: str | None
+    event_num: int | None
+    data_json: str  # `data` as JSON with sorted keys
+    counters: DataPathCounters | None = None  # heartbeats only
+
+    @property
+    def is_heartbeat(self) -> bool:
+        return self.type.lower() == HEARTBEAT
+
+
+def parse_management_payload(payload: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> ManagementEvent:
+    """The management event of a message that must be one (it came on a management topic);
+    raises `PayloadError` with the size, encoding and JSON reasons of `parse_payload`, or
+    `invalid_management_event` when the document is not a well-formed envelope."""
+    doc = _decode(payload, max_bytes)
+    if not _has_envelope(doc):
+        raise PayloadError(
+            INVALID_MANAGEMENT_EVENT,
+            "not a management event: expected an object with type, timestamp and data, and "
+            "component or eventNum",
+        )
+    return _management_event(doc)
+
+
+def management_event_in(
+    payload: bytes, failure: PayloadError, max_bytes: int = DEFAULT_MAX_BYTES
+) -> ManagementEvent:
+    """After `parse_payload` refused `payload` with `failure`: the management event it holds, if
+    its shape is one; otherwise `failure` is raised again (the message is a bad tag event).
+    Only the few tag failures a management event causes decode the payload a second time."""
+    if failure.reason not in _MAYBE_MANAGEMENT:
+        raise failure
+    try:
+        doc = _decode(payload, max_bytes)
+    except PayloadError:
+        raise failure from None
+    if not _has_envelope(doc):
+        raise failure
+    return _management_event(doc)
+
+
+def _decode(payload: bytes, max_bytes: int) -> object:
+    if len(payload) > max_bytes:
+        raise PayloadError(OVERSIZED, f"{len(payload)} bytes, limit {max_bytes}")
+    try:
+        text = bytes(payload).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PayloadError(INVALID_UTF8, f"at byte {exc.start}: {exc.reason}") from None
+    if len(text) > MAX_NESTING and _text_depth(text) > MAX_NESTING:
+        raise PayloadError(NESTED_TOO_DEEP, f"nested deeper than {MAX_NESTING} levels")
+    try:
+        return _DECODER.decode(text)
+    except RecursionError:
+        raise PayloadError(NESTED_TOO_DEEP, f"nested deeper than {MAX_NESTING} levels") from None
+    except ValueError as exc:
+        raise PayloadError(INVALID_JSON, str(exc)) from None
+
+
+def _has_envelope(doc: object) -> bool:
+    """The management envelope's shape: type, timestamp and data at the top level, with
+    component or a top-level eventNum (a tag event has neither), and no tag id in data."""
+    return (
+        isinstance(doc, dict)
+        and {"type", "timestamp", "data"} <= doc.keys()
+        and ("component" in doc or "eventNum" in doc)
+        and not (isinstance(doc["data"], dict) and "idHex" in doc["data"])
+    )
+
+
+def _management_event(doc: dict) -> ManagementEvent:
+    """Check every envelope field that lands in a typed column; the body is kept as JSON and
+    only a heartbeat's counters are read from it (leniently: an odd counter is None, the
+    heartbeat still counts)."""
+    kind = doc["type"]
+    if type(kind) is not str or not kind:
+        raise _invalid("type", "a non-empty string", kind)
+    component = doc.get("component")
+    if component is not None and type(component) is not str:
+        raise _invalid("component", "a string", component)
+    data = doc["data"]
+    if not isinstance(data, dict):
+        raise _invalid("data", "an object", data)
+    try:
+        for text in (kind, component):
+            if text is not None:
+                text.encode("utf-8")
+        event_num = _opt_int(doc.get("eventNum"), "", "eventNum", _INT64)
+        if event_num is not None and event_num < 0:
+            raise PayloadError(WRONG_TYPE, f"eventNum {event_num} is negative")
+        event_time = _timestamp(doc["timestamp"], "")
+        data_json = json.dumps(data, sort_keys=True, allow_nan=False)
+    except PayloadError as exc:
+        raise PayloadError(INVALID_MANAGEMENT_EVENT, exc.detail) from None
+    except (UnicodeEncodeError, ValueError, RecursionError) as exc:
+        raise PayloadError(INVALID_MANAGEMENT_EVENT, f"{type(exc).__name__}: {exc}") from None
+    counters = _path_counters(data) if kind.lower() == HEARTBEAT else None
+    return ManagementEvent(kind, event_time, component, event_num, data_json, counters)
+
+
+def _invalid(field: str, expected: str, value: object) -> PayloadError:
+    return PayloadError(
+        INVALID_MANAGEMENT_EVENT, f"{field}: expected {expected}, got {_json_type(value)}"
+    )
+
+
+def _path_counters(data: dict) -> DataPathCounters | None:
+    gateway = data.get("reader_gateway")
+    if not isinstance(gateway, dict):
+        return None
+    paths = gateway.get("dataPathStatistics")
+    if isinstance(paths, list) and paths and all(isinstance(p, dict) for p in paths):
+        sources = paths
+    elif any(name in gateway for name in _PATH_COUNTERS):
+        sources = [gateway]
+    else:
+        return None
+    totals: dict[str, int | None] = {}
+    for name, field in _PATH_COUNTERS.items():
+        values = [source.get(name) for source in sources]
+        if all(type(v) is int and 0 <= v <= _INT64[1] for v in values):
+            totals[field] = sum(values)  # type: ignore[arg-type]
+        else:
+            totals[field] = None
+    return DataPathCounters(**totals, paths=len(sources))
 
 
 def _wrong_type(field: str, expected: str, value: object) -> PayloadError:

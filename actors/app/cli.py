@@ -83,21 +83,67 @@ def run(config_path: Path | None) -> None:
     default=None,
     help="write every acknowledged message (topic, key, reads) as JSON lines",
 )
-def simulate(host, port, readers, rate, count, qos, batch, seed, manifest) -> None:
-    """Publish realistic FX9600 tag events to zebra/fx/<reader>/reads."""
+@click.option(
+    "--heartbeat-every",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="a heartbeat (with the reader's counters) per this many messages, and at the start and "
+    "end; 0 = none",
+)
+@click.option(
+    "--gpi-every",
+    default=0,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="a GPI pin change per this many messages; 0 = none",
+)
+@click.option(
+    "--management-topic",
+    default="zebra/fx/{reader}/mgmt",
+    show_default=True,
+    help="where the management events go ({reader} = the reader's name)",
+)
+def simulate(
+    host,
+    port,
+    readers,
+    rate,
+    count,
+    qos,
+    batch,
+    seed,
+    manifest,
+    heartbeat_every,
+    gpi_every,
+    management_topic,
+) -> None:
+    """Publish realistic FX9600 tag events to zebra/fx/<reader>/reads, and optionally
+    heartbeats and GPI events to the management topic."""
     from actors.devtools.simulate import simulate as run_simulation
     from actors.devtools.simulate import write_manifest
 
     logging.basicConfig(level=logging.WARNING)
     result = run_simulation(
-        host, port, readers=readers, rate=rate, count=count, qos=qos, batch=batch, seed=seed
+        host,
+        port,
+        readers=readers,
+        rate=rate,
+        count=count,
+        qos=qos,
+        batch=batch,
+        seed=seed,
+        heartbeat_every=heartbeat_every,
+        gpi_every=gpi_every,
+        management_topic_template=management_topic,
     )
     if manifest is not None:
         write_manifest(manifest, result)
     reads = sum(r.reads for r in result.published)
+    extra = f", {len(result.management)} management events" if result.management else ""
     click.echo(
-        f"published {len(result.published)} messages ({reads} reads) from {readers} reader(s) "
-        f"at QoS {qos} in {result.seconds:.1f} s; {result.failed} failed"
+        f"published {len(result.published)} messages ({reads} reads{extra}) from {readers} "
+        f"reader(s) at QoS {qos} in {result.seconds:.1f} s; {result.failed} failed"
     )
     sys.exit(1 if result.failed else 0)
 
@@ -284,13 +330,31 @@ def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool)
 )
 @click.option("--count", default=1500, show_default=True, help="messages per reader per phase")
 @click.option("--rate", default=300.0, show_default=True, help="messages/s in total")
-def demo(workdir: Path, count: int, rate: float) -> None:
+@click.option(
+    "--heartbeat-every",
+    default=500,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="a heartbeat per this many messages of a reader",
+)
+@click.option(
+    "--gpi-every",
+    default=250,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="a GPI change per this many messages of a reader; 0 = none",
+)
+def demo(workdir: Path, count: int, rate: float, heartbeat_every: int, gpi_every: int) -> None:
     """Broker + two simulated readers + the gateway; the broker restarts midway."""
     from actors.devtools.demo import run_demo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     logging.getLogger("py4j").setLevel(logging.WARNING)
-    sys.exit(run_demo(workdir, count=count, rate=rate))
+    sys.exit(
+        run_demo(
+            workdir, count=count, rate=rate, heartbeat_every=heartbeat_every, gpi_every=gpi_every
+        )
+    )
 
 
 if __name__ == "__main__":

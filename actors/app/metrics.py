@@ -25,6 +25,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.metrics_core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from actors.clock import Clock
+from spark.reader_health import is_silent, silent_for, summary
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,8 @@ class HealthThresholds:
     # Failed Spark attempts in a row before /healthz says so: one failure is retried within a
     # second and is no news; three (about 1 + 2 + 4 s of backoff) are.
     spark_failures: int = 3
+    # A reader heard from before and silent this long is flagged (0 = never); see _silent_readers.
+    reader_silent_seconds: float = 300.0
 
     @classmethod
     def from_config(cls, gateway) -> HealthThresholds:
@@ -47,6 +50,7 @@ class HealthThresholds:
             gateway.health_status_stale_seconds,
             gateway.health_writer_stalled_seconds,
             gateway.health_spark_failures,
+            gateway.health_reader_silent_seconds,
         )
 
 
@@ -56,11 +60,14 @@ class Health:
     reasons: tuple[str, ...]
     status_age_seconds: float | None
     connections_down_seconds: dict[str, float] = field(default_factory=dict)
+    # Wrong outside the gateway (a silent reader): reported, but /healthz still answers 200.
+    degraded: tuple[str, ...] = ()
 
     def as_json(self) -> dict:
         return {
-            "status": "ok" if self.healthy else "unhealthy",
+            "status": "unhealthy" if not self.healthy else "degraded" if self.degraded else "ok",
             "reasons": list(self.reasons),
+            "degraded": list(self.degraded),
             "status_age_seconds": self.status_age_seconds,
             "connections_down_seconds": self.connections_down_seconds,
         }
@@ -112,6 +119,10 @@ class StatusBoard:
         with self._lock:
             return self._snapshot
 
+    def wall(self) -> float:
+        """Wall-clock seconds on the injected clock: what reader ages are measured against."""
+        return self._clock.wall()
+
     def health(self) -> Health:
         now = self._clock.monotonic()
         limits = self.thresholds
@@ -152,6 +163,7 @@ class StatusBoard:
             reasons=tuple(reasons),
             status_age_seconds=None if snapshot is None else round(age, 3),
             connections_down_seconds={name: round(s, 3) for name, s in down.items()},
+            degraded=tuple(_silent_readers(snapshot or {}, self._clock.wall(), limits)),
         )
 
 
@@ -231,6 +243,20 @@ def _subscriptions(snapshot: dict) -> Iterator[Metric]:
     yield from (refused, refusals)
 
 
+def _silent_readers(snapshot: dict, now: float, limits: HealthThresholds) -> list[str]:
+    """A reader heard from before and silent past the limit: degraded, not unhealthy. The
+    gateway is fine, and restarting it (what a failing health check leads to) would not bring a
+    reader back; an operator still wants to be told, here and in fxgate_reader_silent."""
+    out = []
+    for reader, state in sorted((snapshot.get("reader_health") or {}).items()):
+        if is_silent(state, now, limits.reader_silent_seconds):
+            out.append(
+                f"reader {reader} silent for {silent_for(state, now):.0f} s "
+                f"(limit {limits.reader_silent_seconds:g} s): no tag or management event"
+            )
+    return out
+
+
 def _alive_actors(snapshot: dict) -> set[str]:
     return {name for name, alive in (snapshot.get("actors") or {}).items() if alive}
 
@@ -259,6 +285,9 @@ class StatusCollector:
         yield from _forwarding(snapshot)
         yield from _landing(snapshot)
         yield from _readers(snapshot)
+        yield from _reader_health(
+            snapshot, self._board.wall(), self._board.thresholds.reader_silent_seconds
+        )
         yield _counter(
             "fxgate_actor_restarts",
             "Restarts of the actor set after an actor crashed.",
@@ -530,7 +559,8 @@ def _readers(snapshot: dict) -> Iterator[Metric]:
         ),
         "received": CounterMetricFamily(
             "fxgate_reader_events",
-            "Tag events with an eventNum that reached this gateway's table.",
+            "Events with an eventNum (tag events, and management events numbered on the same "
+            "counter) that reached this gateway's table.",
             labels=["reader"],
         ),
         "resets": CounterMetricFamily(
@@ -554,6 +584,71 @@ def _readers(snapshot: dict) -> Iterator[Metric]:
             last.add_metric([reader_id], counts["last_event_num"])
     yield from families.values()
     yield last
+
+
+def _reader_health(snapshot: dict, now: float, silent_limit: float) -> Iterator[Metric]:
+    """Each reader's heartbeats, its own counters and the reconciliation (spark.reader_health),
+    ages on the daemon's clock. The reconciliation is this gateway's figure: in a shared group
+    each member receives a share, so only the sum over the members is the reader's stream."""
+    states = snapshot.get("reader_health") or {}
+    if not states:
+        return
+    age = GaugeMetricFamily(
+        "fxgate_reader_heartbeat_age_seconds",
+        "Seconds since the reader's last heartbeat reached this gateway's table.",
+        labels=["reader"],
+    )
+    silence = GaugeMetricFamily(
+        "fxgate_reader_silent_seconds",
+        "Seconds since anything (tag or management event) from the reader reached the table.",
+        labels=["reader"],
+    )
+    silent = GaugeMetricFamily(
+        "fxgate_reader_silent",
+        "1 when a reader heard from before is silent past health_reader_silent_seconds.",
+        labels=["reader"],
+    )
+    heartbeats = CounterMetricFamily(
+        "fxgate_reader_heartbeats", "Heartbeats landed from the reader.", labels=["reader"]
+    )
+    events = CounterMetricFamily(
+        "fxgate_reader_management_events",
+        "Management events other than heartbeats landed from the reader, per type.",
+        labels=["reader", "type"],
+    )
+    reported = GaugeMetricFamily(
+        "fxgate_reader_reported_data_messages",
+        "The reader gateway's own data-message counters from its last heartbeat.",
+        labels=["reader", "counter"],
+    )
+    unaccounted = GaugeMetricFamily(
+        "fxgate_reader_unaccounted_data_messages_per_gateway",
+        "Data messages the reader counted as sent between its heartbeats minus those this "
+        "gateway received from it then (growing: loss between reader and gateway). Per "
+        "gateway: a shared group's members each receive a share; sum over the group.",
+        labels=["reader"],
+    )
+    resets = CounterMetricFamily(
+        "fxgate_reader_heartbeat_counter_resets",
+        "Times the reader's sent counter went back (a reboot): those intervals are not compared.",
+        labels=["reader"],
+    )
+    for reader, state in sorted(states.items()):
+        view = summary(state, now, silent_limit)
+        if view["heartbeat_age_seconds"] is not None:
+            age.add_metric([reader], view["heartbeat_age_seconds"])
+        if view["silent_seconds"] is not None:
+            silence.add_metric([reader], view["silent_seconds"])
+        silent.add_metric([reader], float(view["silent"]))
+        heartbeats.add_metric([reader], view["heartbeats"])
+        for kind, count in sorted(view["events"].items()):
+            events.add_metric([reader, kind], count)
+        for counter, value in view["reported"].items():
+            if value is not None:
+                reported.add_metric([reader, counter], value)
+        unaccounted.add_metric([reader], view["reconciliation"]["unaccounted"])
+        resets.add_metric([reader], view["reconciliation"]["counter_resets"])
+    yield from (age, silence, silent, heartbeats, events, reported, unaccounted, resets)
 
 
 def build_registry(board: StatusBoard) -> CollectorRegistry:

@@ -16,6 +16,7 @@ from actors.app.daemon import status_path
 from actors.config.schema import Config
 from persistence.disk_budget import human
 from persistence.storage_faults import corrupt_files
+from spark.reader_health import summary
 
 
 def _pid_alive(pid: int | None) -> bool:
@@ -56,6 +57,8 @@ def _ledger(path: Path) -> dict:
             "free_bytes": usage.free_bytes,
             "last_pack_id": store.counter(PACK_COUNTER) or None,
             "awaiting_pubrel": len(store.awaiting_pubrel()),
+            # Each reader's health as of the last committed batch (spark.reader_health).
+            "reader_health": store.reader_health(),
             "batches_committed": committed,
             "batches_open": open_batches,
             "last_batch": None
@@ -90,6 +93,11 @@ def collect_status(config: Config, now: float | None = None) -> dict:
         daemon = {**snapshot, "running": _pid_alive(snapshot.get("pid"))}
     ledger = _ledger(config.gateway.ledger_path)
     corrupt = [str(p) for p in corrupt_files(config.gateway.data_path)]
+    silent_limit = config.gateway.health_reader_silent_seconds
+    readers = {
+        reader: summary(state, now, silent_limit)
+        for reader, state in sorted((ledger.get("reader_health") or {}).items())
+    }
     oldest = ledger.get("oldest_pending_received_time")
     oldest_upstream = ledger.get("oldest_upstream_received_time")
     return {
@@ -107,6 +115,8 @@ def collect_status(config: Config, now: float | None = None) -> dict:
         "tables": _tables(config.spark.tables_path(config.gateway.data_path)),
         "data_dir": str(config.gateway.data_path),
         "corrupt_files": corrupt,
+        "readers": readers,
+        "reader_silent_seconds": silent_limit,
     }
 
 
@@ -239,6 +249,7 @@ def format_status(report: dict) -> str:
             )
     else:
         lines.append("ledger:     none yet")
+    lines.extend(_reader_lines(report))
     tables = report["tables"]
     lines.append(
         f"tables:     not counted: {tables['unreadable']}"
@@ -246,3 +257,42 @@ def format_status(report: dict) -> str:
         else f"tables:     reads {tables['reads']} rows, dead_letters {tables['dead_letters']} rows"
     )
     return "\n".join(lines)
+
+
+def _reader_lines(report: dict) -> list[str]:
+    """One line per reader: its heartbeats, its own counters and the reconciliation (this
+    gateway's share only), and a SILENT line for a reader gone quiet."""
+    lines = []
+    for reader, r in (report.get("readers") or {}).items():
+        age = r["heartbeat_age_seconds"]
+        heard = "no heartbeat yet" if age is None else f"last heartbeat {age:.0f} s ago"
+        events = ", ".join(f"{n} {kind}" for kind, n in sorted(r["events"].items()))
+        reported = r["reported"]
+        own = (
+            "its counters: -"
+            if reported["sent"] is None
+            else f"its counters: sent {reported['sent']}, received {reported['received']}, "
+            f"retained {reported['retained']}, dropped {reported['dropped']}"
+        )
+        rec = r["reconciliation"]
+        if rec["intervals"]:
+            balance = (
+                f"reconciliation (per gateway): {rec['unaccounted']} sent and not received "
+                f"here over {rec['intervals']} heartbeat interval(s), last "
+                f"{rec['last_interval_sent']} sent / {rec['last_interval_received']} received"
+            )
+        else:
+            balance = "reconciliation (per gateway): needs two heartbeats"
+        if rec["counter_resets"]:
+            balance += f", {rec['counter_resets']} counter reset(s) not counted"
+        lines.append(
+            f"reader:     {reader}: {heard} ({r['heartbeats']} heartbeat(s)"
+            f"{', ' + events if events else ''}), {r['data_messages']} data message(s) "
+            f"received; {own}; {balance}"
+        )
+        if r["silent"]:
+            lines.append(
+                f"SILENT:     {reader} has sent nothing for {r['silent_seconds']:.0f} s "
+                f"(limit {report.get('reader_silent_seconds', 0):g} s)"
+            )
+    return lines

@@ -62,6 +62,8 @@ class SourceIdentitySettings(Protocol):
     def shared_subscription_group(self) -> str: ...
     @property
     def subscribe_topics(self) -> Sequence[str]: ...
+    @property
+    def management_topics(self) -> Sequence[str]: ...
 
 
 class UpstreamIdentitySettings(Protocol):
@@ -172,7 +174,7 @@ def resolve_identity(
     )
     subscriptions = tuple(
         shared_subscription(topic, source_cfg.shared_subscription_group, environment_id)
-        for topic in source_cfg.subscribe_topics
+        for topic in (*source_cfg.subscribe_topics, *source_cfg.management_topics)
     )
     upstream_client_id = None
     if upstream_cfg is not None:

@@ -219,6 +219,10 @@ class GatewayConfig(_Section):
     health_writer_stalled_seconds: float = Field(300.0, gt=0)
     # Failed Spark attempts in a row (each retried, 1 s -> 60 s backoff) before /healthz says so.
     health_spark_failures: int = Field(3, ge=1)
+    # A reader heard from before and silent (no tag event, no management event) this long is
+    # flagged: a metric and a degraded /healthz detail (still 200: the gateway is fine, the reader
+    # or its path is not). 0 = off. Five heartbeats of a reader heartbeating every 60 s.
+    health_reader_silent_seconds: float = Field(300.0, ge=0)
 
     @property
     def data_path(self) -> Path:
@@ -296,6 +300,10 @@ class SourceConfig(_BrokerSection):
     subscribe_topics: Annotated[
         tuple[TopicFilter, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)
     ] = ("zebra/fx/+/reads",)
+    # The readers' management-event topics (heartbeats, GPI, errors...), subscribed too; every
+    # message on them must be a management event. Empty: management events are still told from
+    # tag data by their envelope on the topics above.
+    management_topics: Annotated[tuple[TopicFilter, ...], BeforeValidator(_list_as_tuple)] = ()
     qos: int = Field(2, ge=0, le=2)
     clean_session: bool = False
     # MQTT 5 §3.1.2.11.2: a four-byte integer; 0xFFFFFFFF means the session never expires.
@@ -306,6 +314,19 @@ class SourceConfig(_BrokerSection):
     reconnect_jitter: float = Field(0.25, ge=0, le=1)
     # MQTT §3.1.2.10: a two-byte integer; 0 turns keep-alive off.
     keepalive_seconds: int = Field(30, ge=0, le=65535)
+
+    @field_validator("management_topics")
+    @classmethod
+    def _not_a_data_topic(cls, value: tuple[str, ...], info: ValidationInfo) -> tuple[str, ...]:
+        data = set(info.data.get("subscribe_topics") or ())
+        both = [topic for topic in value if topic in data]
+        if both:
+            raise ValueError(
+                f"{both[0]!r} is also in source.subscribe_topics: every tag event on it would "
+                "be dead-lettered as not a management event; name the readers' management "
+                "topic only here"
+            )
+        return value
 
 
 class UpstreamConfig(_BrokerSection):

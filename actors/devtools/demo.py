@@ -3,6 +3,11 @@
 Phase 1 publishes at QoS 1, the broker is restarted (its saved session keeps what the gateway had
 not taken yet), phase 2 publishes at QoS 2; then the gateway is stopped with SIGTERM and the reads
 table is read back through Spark and compared with what the readers got acknowledged.
+
+Each simulated reader also sends heartbeats (with its honest counters, carried over both phases)
+and GPI changes on its management topic, which the gateway is configured to subscribe to; before
+the stop, `fxgate status`'s reader lines are printed: every reader's heartbeats, its own counters,
+and a reconciliation of 0 (nothing was lost between the readers and the gateway).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from actors.app.status import collect_status
+from actors.app.status import collect_status, format_status
 from actors.config.schema import load_config
 from actors.devtools.mosquitto import MosquittoProcess
 from actors.devtools.simulate import expected_read_ids, simulate
@@ -37,7 +42,16 @@ def wait_until(predicate, timeout: float, what: str, interval: float = 0.5) -> N
         pause.wait(interval)
 
 
-def run_demo(workdir: Path, count: int = 1500, rate: float = 300.0) -> int:
+MANAGEMENT_TOPICS = '["zebra/fx/+/mgmt"]'
+
+
+def run_demo(
+    workdir: Path,
+    count: int = 1500,
+    rate: float = 300.0,
+    heartbeat_every: int = 500,
+    gpi_every: int = 250,
+) -> int:
     workdir = workdir.resolve()
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
@@ -47,6 +61,8 @@ def run_demo(workdir: Path, count: int = 1500, rate: float = 300.0) -> int:
         **os.environ,
         "FXGATE__SOURCE__PORT": str(broker.port),
         "FXGATE__GATEWAY__DATA_DIR": str(workdir / "data"),
+        # The simulated readers' heartbeats and GPI changes (README, Reader health).
+        "FXGATE__SOURCE__MANAGEMENT_TOPICS": MANAGEMENT_TOPICS,
     }
     config = load_config(None, environ=env)
     try:
@@ -71,21 +87,56 @@ def run_demo(workdir: Path, count: int = 1500, rate: float = 300.0) -> int:
         say(f"gateway connected as {config.identity.client_id}")
 
         published = []
-        say(f"phase 1: 2 readers x {count} tag events at QoS 1, {rate:.0f} msg/s")
-        published += simulate(broker.host, broker.port, 2, rate, count, qos=1, seed=1).published
+        counters: dict = {}  # each reader's own counters, carried over both phases
+        management = {"heartbeat_every": heartbeat_every, "gpi_every": gpi_every}
+        say(
+            f"phase 1: 2 readers x {count} tag events at QoS 1, {rate:.0f} msg/s, a heartbeat "
+            f"every {heartbeat_every} and a GPI change every {gpi_every}"
+        )
+        run = simulate(
+            broker.host, broker.port, 2, rate, count, qos=1, seed=1, counters=counters, **management
+        )
+        published += run.published
         say("restarting the broker (graceful: it saves the gateway's session)")
         broker.restart()
         say(f"phase 2: 2 readers x {count} tag events at QoS 2, {rate:.0f} msg/s")
-        published += simulate(broker.host, broker.port, 2, rate, count, qos=2, seed=2).published
+        run = simulate(
+            broker.host, broker.port, 2, rate, count, qos=2, seed=2, counters=counters, **management
+        )
+        published += run.published
         expected = expected_read_ids(published)
+        # Per reader and phase: one heartbeat at the start, one per heartbeat_every, one at the end.
+        per_phase = 1 + (count - 1) // heartbeat_every + 1 if count else 2
+        heartbeats = 2 * per_phase
 
         def caught_up() -> bool:
             status = collect_status(config)
-            return status["tables"]["reads"] >= len(expected) and not status["ledger"].get(
-                "pending_messages"
+            readers = status["readers"]
+            return (
+                status["tables"]["reads"] >= len(expected)
+                and not status["ledger"].get("pending_messages")
+                and len(readers) == 2
+                and all(r["heartbeats"] >= heartbeats for r in readers.values())
             )
 
-        wait_until(caught_up, 180, "the reads table to catch up")
+        wait_until(caught_up, 180, "the reads table and the readers' heartbeats to catch up")
+        status = collect_status(config)
+        say("fxgate status, the readers (heartbeats, their own counters, the reconciliation):")
+        for line in format_status(status).splitlines():
+            if line.startswith(("reader:", "SILENT:")):
+                print(line, flush=True)
+        balanced = all(
+            r["heartbeats"] == heartbeats
+            and r["reported"]["sent"] == counters[name].sent
+            and r["reconciliation"]["unaccounted"] == 0
+            for name, r in status["readers"].items()
+        )
+        say(
+            "reconciliation: every data message the readers sent between their heartbeats "
+            "reached the gateway (0 unaccounted)"
+            if balanced
+            else "reconciliation: MISMATCH (see the reader lines above)"
+        )
         say("table caught up; stopping the gateway with SIGTERM")
         daemon.send_signal(signal.SIGTERM)
         code = daemon.wait(120)
@@ -107,7 +158,7 @@ def run_demo(workdir: Path, count: int = 1500, rate: float = 300.0) -> int:
             f"published vs landed: {result.published} / {result.landed}; "
             f"missing {len(result.missing)}, duplicates {len(result.duplicates)} -> {verdict}"
         )
-        return 0 if result.exact and code == 0 else 1
+        return 0 if result.exact and balanced and code == 0 else 1
     finally:
         if daemon is not None and daemon.poll() is None:
             daemon.kill()

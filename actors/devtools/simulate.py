@@ -5,6 +5,13 @@ a message counts as published only once the broker acknowledged it (PUBACK, or P
 with a reason code below 0x80), and the manifest it writes lists exactly those messages with their
 idempotency keys, so a checker in another process can demand every one of their reads in the
 `reads` table, once.
+
+A simulated reader can also publish management events (heartbeats and GPI pin changes) on its
+management topic, as the IoT Connector's management-events interface does. Its heartbeat's
+reader-gateway counters are honest: `numDataMessagesTxed` is the number of data messages the
+broker acknowledged to it so far (the heartbeat waits for the outstanding acks first), so a
+gateway that received everything reconciles to exactly 0, and one behind a broker that dropped
+messages is short by exactly what was dropped.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from persistence.keys import message_key, read_id
 log = logging.getLogger(__name__)
 
 DEFAULT_TOPIC_TEMPLATE = "zebra/fx/{reader}/reads"
+DEFAULT_MANAGEMENT_TOPIC_TEMPLATE = "zebra/fx/{reader}/mgmt"
 
 # FCC Part 15.247 hop table of the FX9600 in the US: 50 channels, 902.75-927.25 MHz, 500 kHz apart.
 FCC_CHANNELS_MHZ: tuple[float, ...] = tuple(902.75 + 0.5 * i for i in range(50))
@@ -84,12 +92,17 @@ class TagEventGenerator:
         """The eventNum of the last event made (0 before the first)."""
         return self._event_num
 
+    def take_event_num(self) -> int:
+        """The next eventNum, for an event of another kind that shares the reader's counter."""
+        self._event_num += 1
+        return self._event_num
+
     def next_event(self) -> dict:
         rng = self._rng
-        self._event_num += 1
+        event_num = self.take_event_num()
         return {
             "data": {
-                "eventNum": self._event_num,
+                "eventNum": event_num,
                 "format": "epc",
                 "idHex": rng.choice(self.epcs),
                 "antenna": rng.choice(ANTENNAS),
@@ -110,6 +123,86 @@ class TagEventGenerator:
         return json.dumps(doc, separators=(",", ":")).encode("utf-8")
 
 
+@dataclass
+class ReaderGatewayCounters:
+    """A simulated reader gateway's data-message counters, as its heartbeat reports them:
+    `received` data messages made by its radio, `sent` acknowledged by the broker, and
+    `dropped` refused or never acknowledged. Keep one per reader across `simulate` calls to
+    go on counting (a new one starts at 0, as after a reboot)."""
+
+    received: int = 0
+    sent: int = 0
+    dropped: int = 0
+
+
+class ManagementEventGenerator:
+    """Management events of one reader in the IoT Connector's envelope.
+
+    Whether a real FX9600 numbers its management events on its tag events' counter is not known
+    here; DESIGN §7.9 counts an eventNum as present in `reads` or `reader_events`, which assumes
+    one counter, and so does the simulator when given `event_numbers` (the tag generator's
+    `take_event_num`); without it they have a counter of their own."""
+
+    def __init__(
+        self,
+        reader: str,
+        wall: Callable[[], float] | None = None,
+        event_numbers: Callable[[], int] | None = None,
+    ) -> None:
+        self.reader = reader
+        self._wall = wall if wall is not None else (lambda: time.time())  # noqa: PLW0108
+        self._own_count = 0
+        self._event_numbers = event_numbers or self._own_number
+        self._gpi_state = "LOW"
+
+    def _own_number(self) -> int:
+        self._own_count += 1
+        return self._own_count
+
+    def _envelope(self, kind: str, data: dict) -> bytes:
+        doc = {
+            "component": "RG",
+            "data": data,
+            "eventNum": self._event_numbers(),
+            "timestamp": format_reader_timestamp(self._wall()),
+            "type": kind,
+        }
+        return json.dumps(doc, separators=(",", ":")).encode("utf-8")
+
+    def heartbeat(self, counters: ReaderGatewayCounters) -> bytes:
+        """A heartbeat whose reader_gateway section carries `counters` the way live readers
+        were seen to send them (`dataPathStatistics`, one data path)."""
+        return self._envelope(
+            "heartbeat",
+            {
+                "radio_control": {
+                    "numDataMessagesTxed": counters.received,
+                    "radioActivity": "active",
+                    "radioConnection": "connected",
+                },
+                "reader_gateway": {
+                    "dataPathStatistics": [
+                        {
+                            "numDataMessagesDropped": counters.dropped,
+                            "numDataMessagesRetained": 0,
+                            "numDataMessagesRxed": counters.received,
+                            "numDataMessagesTxed": counters.sent,
+                        }
+                    ],
+                    "numErrors": 0,
+                    "numWarnings": 0,
+                },
+                "system": {"hostName": self.reader},
+                "userapps": [],
+            },
+        )
+
+    def gpi(self, pin: int = 1) -> bytes:
+        """A GPI pin change (the pin toggles at each call)."""
+        self._gpi_state = "HIGH" if self._gpi_state == "LOW" else "LOW"
+        return self._envelope("gpi", {"pin": pin, "state": self._gpi_state})
+
+
 def format_reader_timestamp(epoch_seconds: float) -> str:
     """The FX9600's own timestamp form: milliseconds and a `+0000` offset."""
     moment = datetime.fromtimestamp(epoch_seconds, tz=UTC)
@@ -121,6 +214,7 @@ class PublishedRecord:
     topic: str
     message_key: str
     reads: int
+    management: bool = False  # a management event (0 reads), not in `published`
 
 
 @dataclass
@@ -132,6 +226,8 @@ class SimulationResult:
     failed_records: list[PublishedRecord] = field(default_factory=list)
     """Messages refused or never acknowledged: they may or may not have reached the broker, so a
     checker must neither require their reads nor count them as foreign rows."""
+    management: list[PublishedRecord] = field(default_factory=list)
+    """Management events acknowledged (heartbeats, GPI), in publish order."""
 
 
 class Pacer:
@@ -308,12 +404,22 @@ def simulate(
     *,
     ack_timeout: float = 30.0,
     connect_timeout: float = 10.0,
+    heartbeat_every: int = 0,
+    gpi_every: int = 0,
+    management_topic_template: str = DEFAULT_MANAGEMENT_TOPIC_TEMPLATE,
+    counters: dict[str, ReaderGatewayCounters] | None = None,
 ) -> SimulationResult:
     """Publish `count` messages per reader, readers interleaved, `rate` messages/s in total.
 
     `rate` <= 0 publishes as fast as the in-flight window allows. `progress(n)` is called on this
     thread after each message is handed to paho, with the number handed so far. Raises
     TimeoutError (with counts) when acks stop coming for `ack_timeout` real seconds.
+
+    `heartbeat_every` > 0: each reader also publishes a heartbeat on its management topic
+    before its first data message, after every `heartbeat_every` of them and after its last,
+    each once its data messages are acknowledged (the counters are then exact); `gpi_every` > 0
+    a GPI change after every that many. `counters` (reader -> ReaderGatewayCounters, filled in
+    for readers missing from it) carries a reader's counters over several calls.
     """
     if qos not in (0, 1, 2):
         raise ValueError(f"qos must be 0, 1 or 2, got {qos}")
@@ -325,6 +431,19 @@ def simulate(
     names = reader_names(readers)
     generators = [TagEventGenerator(name, seed=seed, wall=pacing_clock.wall) for name in names]
     topics = [topic_template.format(reader=name) for name in names]
+    counters = {} if counters is None else counters
+    for name in names:
+        counters.setdefault(name, ReaderGatewayCounters())
+    # One eventNum counter per reader for both kinds of event (DESIGN §7.9).
+    management = {
+        generator.reader: (
+            ManagementEventGenerator(
+                generator.reader, wall=pacing_clock.wall, event_numbers=generator.take_event_num
+            ),
+            management_topic_template.format(reader=generator.reader),
+        )
+        for generator in generators
+    }
     publishers = [_ReaderPublisher(name, f"{client_id_prefix}-{name}", qos) for name in names]
     started: list[_ReaderPublisher] = []
     try:
@@ -335,15 +454,49 @@ def simulate(
         began = pacing_clock.monotonic()
         pacer = Pacer(pacing_clock, rate)
         sent = 0
-        for _ in range(count):
+        order = 0  # publish order of every message, management events included
+
+        def publish_management(publisher: _ReaderPublisher, payload: bytes) -> None:
+            nonlocal order
+            topic = management[publisher.reader][1]
+            record = PublishedRecord(topic, message_key(topic, payload), 0, management=True)
+            publisher.publish(order, record, payload, ack_timeout)
+            order += 1
+
+        def heartbeat(publisher: _ReaderPublisher) -> None:
+            if not publisher.wait_idle(ack_timeout):
+                raise TimeoutError(f"{publisher.reader}: acks missing before its heartbeat")
+            mine = counters[publisher.reader]
+            done = sum(1 for _, r in publisher.acked if not r.management)
+            refused = sum(1 for _, r in publisher.failed if not r.management)
+            # What this call's publisher settled, on top of what earlier calls counted.
+            mine.sent, mine.dropped = mine_base[publisher.reader]
+            mine.sent += done
+            mine.dropped += refused
+            publish_management(publisher, management[publisher.reader][0].heartbeat(mine))
+
+        mine_base = {name: (c.sent, c.dropped) for name, c in counters.items()}
+        if heartbeat_every > 0:
+            for publisher in publishers:
+                heartbeat(publisher)
+        for i in range(count):
             for generator, topic, publisher in zip(generators, topics, publishers, strict=True):
                 pacer.wait_turn(sent)
                 payload = generator.next_payload(batch)
                 record = PublishedRecord(topic, message_key(topic, payload), batch)
-                publisher.publish(sent, record, payload, ack_timeout)
+                counters[publisher.reader].received += 1
+                publisher.publish(order, record, payload, ack_timeout)
+                order += 1
                 sent += 1
                 if progress is not None:
                     progress(sent)
+                if gpi_every > 0 and (i + 1) % gpi_every == 0:
+                    publish_management(publisher, management[publisher.reader][0].gpi())
+                if heartbeat_every > 0 and (i + 1) % heartbeat_every == 0 and i + 1 < count:
+                    heartbeat(publisher)
+        if heartbeat_every > 0:
+            for publisher in publishers:
+                heartbeat(publisher)
 
         for publisher in publishers:
             if not publisher.wait_idle(ack_timeout):
@@ -361,7 +514,8 @@ def simulate(
         if own_clock is not None:
             own_clock.close()  # only the clock made here; a caller's clock stays the caller's
 
-    published = [record for _, record in sorted(e for p in publishers for e in p.acked)]
+    acked = [record for _, record in sorted(e for p in publishers for e in p.acked)]
+    published = [record for record in acked if not record.management]
     failed_records = [record for _, record in sorted(e for p in publishers for e in p.failed)]
     log.info(
         "simulated %d readers: %d messages acknowledged, %d failed, in %.2f s",
@@ -370,7 +524,19 @@ def simulate(
         len(failed_records),
         seconds,
     )
-    return SimulationResult(published, len(failed_records), seconds, failed_records)
+    if heartbeat_every <= 0:
+        # Without heartbeats the counters still follow what was acknowledged.
+        for publisher in publishers:
+            mine = counters[publisher.reader]
+            mine.sent += sum(1 for _, r in publisher.acked if not r.management)
+            mine.dropped += sum(1 for _, r in publisher.failed if not r.management)
+    return SimulationResult(
+        published,
+        len(failed_records),
+        seconds,
+        failed_records,
+        [record for record in acked if record.management],
+    )
 
 
 def expected_read_ids(published: Iterable[PublishedRecord]) -> set[str]:

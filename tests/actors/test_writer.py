@@ -1,6 +1,7 @@
 """SparkWriterActor on the simulated clock, with a real ledger and a scripted table writer."""
 
 import dataclasses
+import json
 import sqlite3
 import threading
 
@@ -330,3 +331,121 @@ def test_each_batch_commits_its_readers_event_counters_and_a_restart_counts_on_f
         assert readers == {"r1": ReaderCount("r1", 2, 5, 2, 1, 0)}
     finally:
         again.stop()
+
+
+def heartbeat_payload(sent: int) -> bytes:
+    counters = {
+        "numDataMessagesRxed": sent,
+        "numDataMessagesTxed": sent,
+        "numDataMessagesRetained": 0,
+        "numDataMessagesDropped": 0,
+    }
+    return json.dumps(
+        {
+            "component": "RG",
+            "data": {"reader_gateway": {"dataPathStatistics": [counters]}},
+            "eventNum": sent,
+            "timestamp": "2026-11-21T10:00:00.000+0000",
+            "type": "heartbeat",
+        }
+    ).encode()
+
+
+def stored_messages(ledger, messages) -> Pack:
+    """Store (topic, payload) messages in the ledger, in order, and return them as one pack."""
+
+    class Collect:
+        def __init__(self):
+            self.records = []
+            self.done = threading.Event()
+
+        def tell(self, message):
+            self.records.extend(message.records)
+            if len(self.records) >= len(messages):
+                self.done.set()
+
+    collect = Collect()
+    ledger.proxy().set_listener(collect).get(timeout=5)
+    ledger.tell(Grant(TABLE, len(messages), 10**9))
+    for n, (topic, payload) in enumerate(messages):
+        publish = InboundPublish(1, n + 1, 1, False, False, topic, True, payload, None, 0.0)
+        ledger.tell(Inbound(publish, NoAcks()))
+    assert collect.done.wait(5)
+    return Pack(1, tuple(dataclasses.replace(r, pack_id=1) for r in collect.records))
+
+
+def test_reader_health_is_committed_with_its_batch_and_a_failed_attempt_counts_nothing(
+    tmp_path, clock
+):
+    path = tmp_path / "ledger.sqlite"
+    ledger = InboundLedger.start(path, clock, group_commit_max_delay=0.0)
+    tables = ScriptedTables(["fail"])
+    writer = start_writer(
+        ledger,
+        clock,
+        tables,
+        retry_backoff=Backoff(1.0, 1.0, 0.0),
+        management_topics=("zebra/fx/+/mgmt",),
+    )
+    try:
+        data = [("zebra/fx/r1/reads", PAYLOAD % n + b" " * n) for n in range(1, 4)]
+        pack = stored_messages(
+            ledger,
+            [
+                ("zebra/fx/r1/mgmt", heartbeat_payload(10)),
+                *data,
+                ("zebra/fx/r1/mgmt", heartbeat_payload(15)),  # 5 sent, 3 arrived
+            ],
+        )
+        writer.tell(PackSealed(pack))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)
+        tables.wait_calls(1)
+        writer.proxy().failures.get(timeout=5)  # the retry is scheduled
+        clock.advance(1.0)  # the retry lands it
+        tables.wait_calls(2)
+        assert wait_until(lambda: ledger.proxy().stats().get(timeout=5)["pending"] == 0)
+        batch = writer.proxy().last_batch.get(timeout=5)
+        assert batch.reader_events == 2
+        state = batch.reader_health["r1"]
+        assert (state["heartbeats"], state["intervals"], state["unaccounted"]) == (2, 1, 2)
+        assert state["data_messages"] == 3 and state["sent"] == 15
+    finally:
+        writer.stop()
+        ledger.stop()
+    again = InboundLedger.start(path, clock, group_commit_max_delay=0.0)
+    try:
+        recovered = again.proxy().recovery().get(timeout=5).reader_health
+        assert recovered == {"r1": state}
+    finally:
+        again.stop()
+
+
+def test_a_heartbeats_event_number_in_the_readers_counter_is_no_gap_in_its_tag_events(
+    ledger, clock
+):
+    """DESIGN §7.9: one counter for both kinds of event. Tag events 1, 2, 4 around heartbeat 3
+    are complete; without the heartbeat's number, 3 would count as a lost read."""
+    tables = ScriptedTables([])
+    writer = start_writer(ledger, clock, tables)
+    try:
+        beat = json.loads(heartbeat_payload(2))
+        beat["eventNum"] = 3
+        pack = stored_messages(
+            ledger,
+            [
+                ("zebra/fx/r1/reads", PAYLOAD % 1),
+                ("zebra/fx/r1/reads", PAYLOAD % 2),
+                ("zebra/fx/r1/mgmt", json.dumps(beat).encode()),  # recognised by its shape
+                ("zebra/fx/r1/reads", PAYLOAD % 4),
+            ],
+        )
+        writer.tell(PackSealed(pack))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)
+        tables.wait_calls(1)
+        assert wait_until(lambda: writer.proxy().last_batch.get(timeout=5) is not None)
+        (counts,) = writer.proxy().last_batch.get(timeout=5).readers
+        assert counts == ReaderCount("r1", 4, 4, 0, 0, 0)
+    finally:
+        writer.stop()

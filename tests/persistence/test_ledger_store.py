@@ -275,3 +275,44 @@ def test_batches_are_counted_by_state_and_the_newest_committed_is_named(store):
     store.commit()
     assert store.batch_counts() == (1, 1)
     assert store.last_batch() == (first, NOW + 5, 1, 0)
+
+
+def test_reader_health_is_committed_with_its_batch_and_read_back_after_a_reopen(store, path):
+    put(store, 1)
+    batch = store.begin_batch([(1, [1])], NOW)
+    store.commit()
+    assert store.reader_health() == {}
+    state = {"heartbeats": 2, "unaccounted": 5, "events": {"gpi": 1}, "sent": None}
+    store.commit_batch(batch, 1, 0, NOW + 1, retention=3600, health={"fx9600-01": state})
+    store.rollback()  # not committed: nothing of it stays
+    assert store.reader_health() == {}
+    store.commit_batch(batch, 1, 0, NOW + 1, retention=3600, health={"fx9600-01": state})
+    store.commit()
+    store.commit_batch(
+        batch, 1, 0, NOW + 2, retention=3600, health={"fx9600-01": {**state, "heartbeats": 3}}
+    )
+    store.commit()
+    store.close()
+    reader = LedgerStore(open_engine(path, readonly=True), path)
+    try:
+        assert reader.reader_health() == {"fx9600-01": {**state, "heartbeats": 3}}
+    finally:
+        reader.close()
+
+
+def test_a_ledger_written_before_reader_health_existed_reads_as_having_none(path):
+    store = LedgerStore(open_engine(path), path)
+    store.close()
+    with sqlite3.connect(path) as db:
+        db.execute("DROP TABLE reader_health")
+    reader = LedgerStore(open_engine(path, readonly=True), path)
+    try:
+        assert reader.reader_health() == {}
+    finally:
+        reader.close()
+    # The daemon's next start adds the table (additive: no new schema version).
+    store = LedgerStore(open_engine(path), path)
+    try:
+        assert store.reader_health() == {}
+    finally:
+        store.close()

@@ -15,7 +15,7 @@ from persistence.keys import message_key
 from spark.audit import AuditError, AuditReport, audit_tables
 from spark.gaps import missing_ranges, split_epochs
 from spark.schema import build_batch
-from spark.tables import READS, TableWriter
+from spark.tables import READER_EVENTS, READS, TableWriter
 
 pytestmark = pytest.mark.spark
 
@@ -343,3 +343,42 @@ def test_a_table_without_the_reads_columns_cannot_be_audited(spark_session, tmp_
     TableWriter(spark_session, tmp_path).write_batch(1, {READS: other})
     with pytest.raises(AuditError, match="not a reads table: no column event_num"):
         audit_tables(spark_session, [tmp_path])
+
+
+def management_record(reader: str, event_num: int | None, seq: int) -> Record:
+    """A heartbeat of `reader` numbered on its one counter (DESIGN §7.9), on its mgmt topic."""
+    topic = f"zebra/fx/{reader}/mgmt"
+    doc = {"component": "RG", "data": {}, "timestamp": "2026-11-21T10:00:00.000+0000",
+           "type": "heartbeat"}  # fmt: skip
+    if event_num is not None:
+        doc["eventNum"] = event_num
+    body = json.dumps(doc).encode()
+    return Record(seq, message_key(topic, body), topic, body, 1, T0 + seq / 1000, seq)
+
+
+def test_a_number_in_reader_events_is_present_and_only_a_number_in_neither_is_missing(
+    spark_session, tmp_path
+):
+    """Tag events 1-3, a heartbeat numbered 4, tag events 5-6, a GPI-like event without a
+    number, tag event 8: only 7 is missing; the heartbeat fills 4."""
+    rows = records(stream("fx-a", [1, 2, 3]))
+    rows.append(management_record("fx-a", 4, 4))
+    rows += records(stream("fx-a", [5, 6]), first_seq=5)
+    rows.append(management_record("fx-a", None, 7))
+    rows += records(stream("fx-a", [8]), first_seq=8)
+    batch = build_batch(rows, 1)
+    assert batch.reader_events.num_rows == 2
+    TableWriter(spark_session, tmp_path).write_batch(
+        1, {READS: batch.reads, READER_EVENTS: batch.reader_events}
+    )
+
+    found = audit_tables(spark_session, [tmp_path]).to_json()["readers"]["fx-a"]
+    assert found["missing"] == [[7, 7]]
+    assert (found["received"], found["resets"], found["without_event_num"]) == (7, 0, 0)
+    assert (found["first_event_num"], found["last_event_num"]) == (1, 8)
+
+
+def test_without_a_reader_events_table_the_audit_reads_the_reads_alone(spark_session, tmp_path):
+    write(spark_session, tmp_path, 1, records(stream("fx-a", [1, 2, 4])))
+    found = audit_tables(spark_session, [tmp_path]).to_json()["readers"]["fx-a"]
+    assert found["missing"] == [[3, 3]]

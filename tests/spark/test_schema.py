@@ -5,7 +5,13 @@ from datetime import UTC, datetime
 import pyarrow as pa
 
 from persistence.keys import message_key
-from spark.schema import DEAD_LETTERS_SCHEMA, EVENTS_SCHEMA, READS_SCHEMA, build_batch
+from spark.schema import (
+    DEAD_LETTERS_SCHEMA,
+    EVENTS_SCHEMA,
+    READER_EVENTS_SCHEMA,
+    READS_SCHEMA,
+    build_batch,
+)
 from spark.zebra import TagRead
 
 TOPIC = "zebra/fx/fx9600-01/reads"
@@ -220,3 +226,104 @@ def test_a_broken_lifecycle_payload_is_a_dead_letter_not_an_event():
     batch = build_batch([broken], 1, events_filter=LIFECYCLE_FILTER)
     assert batch.events.num_rows == 0
     assert batch.dead_letters.column("reason").to_pylist() == ["invalid_event"]
+
+
+# -- management events -> reader_events -----------------------------------------------------
+
+MGMT_TOPIC = "zebra/fx/fx9600-01/management"
+
+
+def heartbeat(sent: int, event_num: int = 40) -> dict:
+    return {
+        "component": "RG",
+        "data": {
+            "reader_gateway": {
+                "dataPathStatistics": [
+                    {
+                        "numDataMessagesRxed": sent,
+                        "numDataMessagesTxed": sent,
+                        "numDataMessagesRetained": 0,
+                        "numDataMessagesDropped": 0,
+                    }
+                ]
+            }
+        },
+        "eventNum": event_num,
+        "timestamp": "2026-11-21T23:59:59.000+0000",
+        "type": "heartbeat",
+    }
+
+
+def sequenced(records: list[Record]) -> list[Record]:
+    return [
+        Record(r.message_key, r.topic, r.payload, r.qos, r.received_time, r.pack_id, seq)
+        for seq, r in enumerate(records, start=1)
+    ]
+
+
+def test_management_events_land_in_reader_events_with_the_envelope_typed_and_the_body_as_json():
+    gpi = {"component": "RG", "data": {"pin": 2, "state": "LOW"}, "eventNum": 41,
+           "timestamp": "2026-11-21T10:00:00Z", "type": "gpi"}  # fmt: skip
+    records = sequenced(
+        [
+            record(heartbeat(1), topic=MGMT_TOPIC),
+            record(event("e280aa", "2026-11-21T10:00:00Z", 1)),
+            record(gpi, qos=0),  # on the data topic: recognised by its shape
+        ]
+    )
+    batch = build_batch(records, batch_id=5, management_filters=("zebra/fx/+/management",))
+    assert batch.reads.num_rows == 1 and batch.dead_letters.num_rows == 0
+    assert batch.reader_events.schema == READER_EVENTS_SCHEMA
+    rows = batch.reader_events.to_pylist()
+    assert [(r["type"], r["component"], r["event_num"], r["seq"]) for r in rows] == [
+        ("heartbeat", "RG", 40, 1),
+        ("gpi", "RG", 41, 3),
+    ]
+    assert [r["reader_id"] for r in rows] == ["fx9600-01", "fx9600-01"]  # level before the last
+    assert rows[0]["message_key"] == records[0].message_key and rows[0]["topic"] == MGMT_TOPIC
+    assert json.loads(rows[1]["data"]) == {"pin": 2, "state": "LOW"}
+    assert rows[0]["event_time"] == datetime(2026, 11, 21, 23, 59, 59, tzinfo=UTC)
+    # Partitioned by the day of receipt (DESIGN §7.7), not by the reader's clock.
+    assert [r["date"] for r in rows] == ["2026-11-22", "2026-11-22"]
+    assert [r["batch_id"] for r in rows] == [5, 5] and rows[1]["qos"] == 0
+    assert [(o.seq, o.kind, o.heartbeat) for o in batch.observations] == [
+        (1, "management", True),
+        (2, "data", False),
+        (3, "management", False),
+    ]
+    assert batch.observations[0].counters["sent"] == 1
+
+
+def test_a_malformed_management_event_is_a_dead_letter_with_its_reason_and_no_data_message():
+    bad = dict(heartbeat(1), timestamp="not a time")
+    records = sequenced(
+        [
+            record(event("e280aa", "2026-11-21T10:00:00Z", 1)),
+            record(bad),  # on the data topic, shaped as an envelope
+            record(event("e280aa", "2026-11-21T10:00:00Z", 2), topic=MGMT_TOPIC),  # wrong place
+        ]
+    )
+    batch = build_batch(records, batch_id=1, management_filters=("zebra/fx/+/management",))
+    assert batch.reader_events.num_rows == 0
+    assert [d["reason"] for d in batch.dead_letters.to_pylist()] == [
+        "invalid_management_event",
+        "invalid_management_event",
+    ]
+    assert [o.seq for o in batch.observations] == [1]
+
+
+def test_a_bad_payload_counts_as_a_data_message_only_from_a_reader_known_to_send_good_ones():
+    junk = [record(b"not json", topic="zebra/fx/nobody/reads")]
+    assert build_batch(sequenced(junk), batch_id=1).observations == ()
+    known = build_batch(sequenced(junk), batch_id=1, known_readers={"nobody"})
+    assert [o.kind for o in known.observations] == ["data"]
+
+
+def test_replaying_a_batch_with_management_events_builds_identical_tables():
+    records = sequenced(
+        [record(heartbeat(3), topic=MGMT_TOPIC), record(event("e280", "2026-11-21T10:00:00Z"))]
+    )
+    first = build_batch(records, batch_id=2, management_filters=("zebra/fx/+/management",))
+    again = build_batch(records, batch_id=2, management_filters=("zebra/fx/+/management",))
+    assert first.reader_events.equals(again.reader_events)
+    assert first.observations == again.observations

@@ -13,6 +13,7 @@ from actors.app.metrics import HealthThresholds, MetricsServer, StatusBoard, bui
 from actors.clock import SimulatedClock
 from actors.devtools.mosquitto import free_port
 from actors.devtools.simulate import simulate
+from spark.reader_health import ReaderHealth
 from tests.harness.checks import wait_until
 
 THRESHOLDS = HealthThresholds(
@@ -416,3 +417,96 @@ def test_each_readers_event_counters_are_exported_by_reader(board):
     assert sample(registry, "fxgate_reader_counter_resets_total", **labels) == 1
     assert sample(registry, "fxgate_reader_events_without_event_num_total", **labels) == 3
     assert sample(registry, "fxgate_reader_last_event_num", **labels) == 40
+
+
+# -- reader health ----------------------------------------------------------------------------
+
+
+def reader_state(clock, heard_ago: float, heartbeat_ago: float, **overrides) -> dict:
+    """A spark.reader_health state whose times lie in the simulated clock's past."""
+    state = ReaderHealth(
+        last_heard_time=clock.wall() - heard_ago,
+        last_heartbeat_time=clock.wall() - heartbeat_ago,
+        heartbeats=4,
+        events={"gpi": 2, "error": 1},
+        data_messages=1500,
+        received=1510,
+        sent=1500,
+        retained=0,
+        dropped=3,
+        paths=1,
+        baseline_sent=1500,
+        intervals=3,
+        unaccounted=7,
+        counter_resets=1,
+    ).state()
+    state.update(overrides)
+    return state
+
+
+def test_each_readers_heartbeats_counters_and_reconciliation_are_exported_by_reader(board, clock):
+    board.publish(snapshot(reader_health={"fx9600-01": reader_state(clock, 2.0, 12.0)}))
+    registry = build_registry(board)
+    r = {"reader": "fx9600-01"}
+    assert sample(registry, "fxgate_reader_heartbeat_age_seconds", **r) == 12.0
+    assert sample(registry, "fxgate_reader_silent_seconds", **r) == 2.0
+    assert sample(registry, "fxgate_reader_silent", **r) == 0
+    assert sample(registry, "fxgate_reader_heartbeats_total", **r) == 4
+    assert sample(registry, "fxgate_reader_management_events_total", **r, type="gpi") == 2
+    assert sample(registry, "fxgate_reader_management_events_total", **r, type="error") == 1
+    for counter, value in {"sent": 1500, "received": 1510, "retained": 0, "dropped": 3}.items():
+        assert (
+            sample(registry, "fxgate_reader_reported_data_messages", **r, counter=counter) == value
+        )
+    assert sample(registry, "fxgate_reader_unaccounted_data_messages_per_gateway", **r) == 7
+    assert sample(registry, "fxgate_reader_heartbeat_counter_resets_total", **r) == 1
+
+
+def test_heartbeat_age_grows_on_the_injected_clock_and_not_on_the_wall(board, clock):
+    board.publish(snapshot(reader_health={"fx9600-01": reader_state(clock, 0.0, 0.0)}))
+    registry = build_registry(board)
+    assert sample(registry, "fxgate_reader_heartbeat_age_seconds", reader="fx9600-01") == 0
+    clock.advance(45.0)
+    assert sample(registry, "fxgate_reader_heartbeat_age_seconds", reader="fx9600-01") == 45
+
+
+def test_a_reader_silent_past_the_configured_time_is_flagged_and_health_is_degraded_not_failed(
+    clock,
+):
+    board = StatusBoard(clock, HealthThresholds(reader_silent_seconds=120.0))
+    states = {
+        "fx9600-01": reader_state(clock, 0.0, 0.0),
+        "fx9600-02": reader_state(clock, 0.0, 0.0),
+    }
+    board.publish(snapshot(reader_health=states))
+    registry = build_registry(board)
+    clock.advance(120.0)
+    board.publish(snapshot(reader_health=states))  # the daemon keeps publishing; readers quiet
+    assert sample(registry, "fxgate_reader_silent", reader="fx9600-01") == 0
+    assert board.health().as_json()["status"] == "ok"
+    clock.advance(0.5)
+    board.publish(snapshot(reader_health=states))
+    assert sample(registry, "fxgate_reader_silent", reader="fx9600-01") == 1
+    health = board.health()
+    assert health.healthy
+    assert health.as_json()["status"] == "degraded"
+    assert [line.split(" silent")[0] for line in health.degraded] == [
+        "reader fx9600-01",
+        "reader fx9600-02",
+    ]
+    assert "limit 120 s" in health.degraded[0]
+    # One speaks again: only the other stays flagged.
+    states = {**states, "fx9600-01": reader_state(clock, 0.0, 30.0)}
+    board.publish(snapshot(reader_health=states))
+    assert sample(registry, "fxgate_reader_silent", reader="fx9600-01") == 0
+    assert [line.split(" silent")[0] for line in board.health().degraded] == ["reader fx9600-02"]
+
+
+def test_the_silent_flag_is_off_at_zero_and_a_reader_never_heard_is_never_silent(clock):
+    board = StatusBoard(clock, HealthThresholds(reader_silent_seconds=0.0))
+    board.publish(snapshot(reader_health={"fx9600-01": reader_state(clock, 10_000.0, 10_000.0)}))
+    assert board.health().degraded == ()
+    board = StatusBoard(clock, HealthThresholds(reader_silent_seconds=1.0))
+    board.publish(snapshot(reader_health={"fx9600-01": ReaderHealth().state()}))
+    clock.advance(100.0)
+    assert board.health().degraded == ()

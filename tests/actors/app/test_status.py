@@ -144,3 +144,65 @@ def test_collect_status_lists_database_files_moved_aside_as_corrupt(tmp_path):
     moved.write_bytes(b"garbage")
     report = collect_status(config)
     assert report["corrupt_files"] == [str(moved)]
+
+
+def test_status_reads_each_readers_health_from_the_ledger_and_names_a_silent_one(tmp_path):
+    """What the daemon committed with its last batch, read without the daemon: ages against the
+    `now` status is given, the reader's own counters, the per-gateway reconciliation."""
+    from persistence.database import open_engine
+    from persistence.ledger_store import LedgerStore
+    from spark.reader_health import ReaderHealth
+
+    config = load_config(
+        None,
+        {
+            "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+            "FXGATE__GATEWAY__HEALTH_READER_SILENT_SECONDS": "60",
+        },
+        "gw",
+    )
+    now = 1_800_000_000.0
+    quiet = ReaderHealth(last_heard_time=now - 61, last_heartbeat_time=now - 61, heartbeats=1)
+    talking = ReaderHealth(
+        last_heard_time=now - 1,
+        last_heartbeat_time=now - 8,
+        heartbeats=3,
+        events={"gpi": 2},
+        data_messages=1500,
+        received=1500,
+        sent=1500,
+        retained=0,
+        dropped=0,
+        paths=1,
+        intervals=2,
+        unaccounted=0,
+        last_interval_sent=750,
+        last_interval_received=750,
+    )
+    path = config.gateway.ledger_path
+    store = LedgerStore(open_engine(path), path)
+    try:
+        store.insert("k1", "zebra/fx/fx9600-01/reads", b"x", 1, now)
+        batch = store.begin_batch([(1, [1])], now)
+        health = {"fx9600-01": talking.state(), "fx9600-02": quiet.state()}
+        store.commit_batch(batch, 1, 0, now, retention=3600, health=health)
+        store.commit()
+    finally:
+        store.close()
+
+    report = collect_status(config, now=now)
+    one = report["readers"]["fx9600-01"]
+    assert one["heartbeat_age_seconds"] == 8 and one["silent"] is False
+    assert one["reported"] == {"received": 1500, "sent": 1500, "retained": 0, "dropped": 0}
+    assert one["reconciliation"]["scope"] == "per-gateway"
+    assert one["reconciliation"]["unaccounted"] == 0
+    assert report["readers"]["fx9600-02"]["silent"] is True
+    text = format_status(report)
+    assert (
+        "reader:     fx9600-01: last heartbeat 8 s ago (3 heartbeat(s), 2 gpi), 1500 data "
+        "message(s) received; its counters: sent 1500, received 1500, retained 0, dropped 0; "
+        "reconciliation (per gateway): 0 sent and not received here over 2 heartbeat "
+        "interval(s), last 750 sent / 750 received"
+    ) in text
+    assert "SILENT:     fx9600-02 has sent nothing for 61 s (limit 60 s)" in text
+    assert "SILENT:     fx9600-01" not in text

@@ -782,3 +782,51 @@ def test_the_old_tier2_high_watermark_still_loads_and_warns_that_it_is_unused(tm
     assert config.buffer.high_watermark == 0.8
     assert any("high_watermark is no longer used" in w for w in config.warnings())
     assert not any("high_watermark" in w for w in load().warnings())
+
+
+# -- reader health keys -------------------------------------------------------------------------
+
+
+def test_management_topics_default_to_none_and_the_silent_limit_to_five_minutes():
+    config = load()
+    assert config.source.management_topics == ()
+    assert config.gateway.health_reader_silent_seconds == 300.0
+
+
+def test_management_topics_are_checked_as_topic_filters_and_named_in_each_error(tmp_path):
+    path = write(tmp_path, '[source]\nmanagement_topics = ["a/#/b", "$share/g/a/mgmt", 7]\n')
+    errors = errors_of(path)
+    assert errors[0] == (
+        "source.management_topics[0]: 'a/#/b': '#' must be a whole level and the last one"
+    )
+    assert errors[1].startswith("source.management_topics[1]: '$share/g/a/mgmt': give the plain")
+    assert errors[2].startswith("source.management_topics[2]: ")
+    assert len(errors) == 3
+
+
+def test_a_management_topic_that_is_also_a_data_topic_is_refused(tmp_path):
+    path = write(tmp_path, '[source]\nmanagement_topics = ["zebra/fx/+/reads"]\n')
+    (error,) = errors_of(path)
+    assert error.startswith("source.management_topics: 'zebra/fx/+/reads' is also in source.sub")
+
+
+def test_a_negative_silent_limit_is_refused_and_zero_switches_the_flag_off(tmp_path):
+    (error,) = errors_of(write(tmp_path, "[gateway]\nhealth_reader_silent_seconds = -1\n"))
+    assert error.startswith("gateway.health_reader_silent_seconds: ")
+    path = write(tmp_path, "[gateway]\nhealth_reader_silent_seconds = 0\n")
+    assert load(path).gateway.health_reader_silent_seconds == 0.0
+
+
+def test_management_topics_and_the_silent_limit_can_be_set_from_the_environment():
+    config = load(
+        environ={
+            "FXGATE__SOURCE__MANAGEMENT_TOPICS": '["zebra/fx/+/mgmt"]',
+            "FXGATE__GATEWAY__HEALTH_READER_SILENT_SECONDS": "90",
+        }
+    )
+    assert config.source.management_topics == ("zebra/fx/+/mgmt",)
+    assert config.gateway.health_reader_silent_seconds == 90.0
+    assert "zebra/fx/+/mgmt" in config.identity.subscriptions
+    errors = errors_of(environ={"FXGATE__SOURCE__MANAGEMENT_TOPICS": '["a/#/b"]'})
+    assert errors[0].startswith("source.management_topics[0]: 'a/#/b'")
+    assert "FXGATE__SOURCE__MANAGEMENT_TOPICS" in errors[0]

@@ -23,6 +23,7 @@ class Source:
     append_unique_id: bool = False
     shared_subscription_group: str = "fxgate"
     subscribe_topics: tuple[str, ...] = ("zebra/fx/+/reads",)
+    management_topics: tuple[str, ...] = ()
 
 
 # --- environment id ---------------------------------------------------------------------------
@@ -152,4 +153,13 @@ def test_resolve_identity_puts_every_topic_in_the_environment_group():
         environment_source="MQTT_ENVIRONMENT_ID",
         client_id="fxgate-lab-gw-12345678",
         subscriptions=("$share/fxgate-lab/a/+/reads", "$share/fxgate-lab/b/#"),
+    )
+
+
+def test_management_topics_are_subscribed_too_in_the_same_group():
+    source = Source(subscribe_topics=("zebra/fx/+/reads",), management_topics=("zebra/fx/+/mgmt",))
+    identity = resolve_identity(source, "development", {"MQTT_ENVIRONMENT_ID": "lab"}, "gw")
+    assert identity.subscriptions == (
+        "$share/fxgate-lab/zebra/fx/+/reads",
+        "$share/fxgate-lab/zebra/fx/+/mgmt",
     )

@@ -234,3 +234,63 @@ def test_event_timestamps_are_the_wall_time_frozen_by_freezegun():
     with freeze_time("2026-11-21 10:00:00.250"):
         event = json.loads(TagEventGenerator("fx9600-01", seed=3).next_payload())
     assert event["timestamp"] == "2026-11-21T10:00:00.250+0000"
+
+
+@pytest.mark.broker
+def test_simulated_heartbeats_report_exactly_the_data_messages_acknowledged_before_them(mosquitto):
+    """Received in the order the broker routed them, each heartbeat's `sent` equals the data
+    messages of its reader that came before it; GPI changes toggle their pin; all of a reader's
+    events are numbered on one counter."""
+    from spark.zebra import parse_management_payload
+    from tests.harness.mqtt import Collector
+
+    collector = Collector(mosquitto.host, mosquitto.port, "zebra/fx/#", qos=1)
+    counters = {}
+    try:
+        result = simulate(
+            mosquitto.host,
+            mosquitto.port,
+            readers=2,
+            rate=0,
+            count=25,
+            qos=1,
+            heartbeat_every=10,
+            gpi_every=5,
+            counters=counters,
+        )
+        # Per reader: heartbeats at 0, 10, 20 and 25 data messages, GPI after each 5.
+        assert len(result.published) == 50 and len(result.management) == 2 * (4 + 5)
+        messages = collector.wait_for(50 + 18)
+    finally:
+        collector.close()
+    assert len(messages) == 68
+    data_seen: dict[str, int] = defaultdict(int)
+    reported: dict[str, list[int]] = defaultdict(list)
+    gpi: dict[str, list[str]] = defaultdict(list)
+    numbers: dict[str, list[int]] = defaultdict(list)
+    for topic, payload, _ in messages:
+        reader = topic.split("/")[-2]
+        if topic.endswith("/reads"):
+            data_seen[reader] += 1
+            numbers[reader] += [read.event_num for read in parse_payload(payload)]
+            continue
+        assert topic == f"zebra/fx/{reader}/mgmt"
+        event = parse_management_payload(payload)
+        numbers[reader].append(event.event_num)
+        if event.is_heartbeat:
+            assert event.counters.sent == data_seen[reader], (reader, event)
+            reported[reader].append(event.counters.sent)
+        else:
+            gpi[reader].append(json.loads(event.data_json)["state"])
+    assert reported == {"fx9600-01": [0, 10, 20, 25], "fx9600-02": [0, 10, 20, 25]}
+    # Tag and management events share the reader's eventNum counter (DESIGN §7.9): no gap.
+    assert {r: sorted(n) for r, n in numbers.items()} == {
+        r: list(range(1, 25 + 4 + 5 + 1)) for r in ("fx9600-01", "fx9600-02")
+    }
+    assert gpi["fx9600-01"] == ["HIGH", "LOW", "HIGH", "LOW", "HIGH"]
+    assert counters["fx9600-01"].sent == 25 and counters["fx9600-01"].received == 25
+
+    # The same counters carried into the next run go on counting.
+    more = simulate(mosquitto.host, mosquitto.port, 2, 0, 3, heartbeat_every=100, counters=counters)
+    assert len(more.management) == 4
+    assert counters["fx9600-02"].sent == 28
