@@ -7,7 +7,6 @@ DUP flag, packet id and Message Expiry Interval. mosquitto cannot refuse a PUBLI
 code, nor show what a client sent with DUP on QoS 0 (it disconnects it), so the fake does.
 """
 
-import threading
 
 import pytest
 
@@ -26,7 +25,12 @@ from actors.supervisor import Supervisor, upstream_client_factory
 from persistence.outbound_store import OutboundStore
 from spark.tables import READS, read_table
 from tests.actors.test_connection import settings
-from tests.actors.test_outbound import FakeLedger, OneByOne, forwarding_environ, records_of
+from tests.actors.test_outbound import (
+    FakeLedger,
+    ScriptedClient,
+    forwarding_environ,
+    records_of,
+)
 from tests.harness.checks import wait_until
 from tests.harness.fake_broker import FakeBroker
 from tests.harness.inbox import Inbox
@@ -40,13 +44,9 @@ def record(seq, topic=READER_1, expires_at=None, qos=1):
     return LedgerRecord(seq, f"k{seq}", topic, b"x" * 20, qos, 0.0, 0, None, expires_at)
 
 
-class Recorder(OneByOne):
-    """The upstream client as the outbound ledger sees it: records every send, acks nothing
-    unless told to."""
-
-    def __init__(self):
-        self.sent = []  # ("PUBLISH", key, packet id, qos, dup, expiry) | ("PUBREL", packet id)
-        self.cond = threading.Condition()
+class Recorder(ScriptedClient):
+    """The upstream client as the outbound ledger sees it: records every send with its QoS,
+    acks nothing unless told to."""
 
     def send_publish(self, epoch, message):
         with self.cond:
@@ -62,17 +62,6 @@ class Recorder(OneByOne):
             )
             self.cond.notify_all()
         return True
-
-    def send_pubrel(self, epoch, packet_id):
-        with self.cond:
-            self.sent.append(("PUBREL", packet_id))
-            self.cond.notify_all()
-        return True
-
-    def wait_sent(self, count, timeout=10):
-        with self.cond:
-            assert self.cond.wait_for(lambda: len(self.sent) >= count, timeout), self.sent
-            return list(self.sent)
 
     def published_keys(self):
         return [s[1] for s in self.sent if s[0] == "PUBLISH"]
