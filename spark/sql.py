@@ -107,16 +107,22 @@ def table_names(tables_dir: Location) -> list[str]:
     return names
 
 
-def register_tables(session: SparkSession, tables_dir: Location) -> list[str]:
-    """Register every table as a temporary view of its name; return the names."""
-    names = table_names(tables_dir)
-    for name in names:
+def register_tables(session: SparkSession, tables_dir: Location) -> dict[str, str]:
+    """Register every table as a temporary view of its name. Returns the other directories
+    that could not be read as a table (name -> why): they are left out, since a stray
+    directory must not stop every query; a gateway table that cannot be read raises
+    CannotQuery."""
+    skipped: dict[str, str] = {}
+    for name in table_names(tables_dir):
         try:
             df = read_table(session, tables_dir, name, TABLES.get(name))
         except (PySparkException, Py4JJavaError) as error:
-            raise CannotQuery(f"cannot read table {name}: {describe_error(error)}") from None
+            if name in TABLES:
+                raise CannotQuery(f"cannot read table {name}: {describe_error(error)}") from None
+            skipped[name] = describe_error(error).splitlines()[0]
+            continue
         df.createOrReplaceTempView(name)
-    return names
+    return skipped
 
 
 def run_query(session: SparkSession, query: str, limit: int) -> QueryResult:

@@ -369,7 +369,8 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
             conf={"spark.sql.debug.maxToStringFields": 100, **config.spark.conf},
         )
         try:
-            register_tables(session, tables_dir)
+            for name, why in register_tables(session, tables_dir).items():
+                click.echo(f"fxgate sql: {name} is no table, left out: {why}", err=True)
             result = run_query(session, query, limit)
             lines = list(json_lines(result)) if as_json else [format_table(result)]
         finally:

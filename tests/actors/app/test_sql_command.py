@@ -238,6 +238,24 @@ def test_another_table_directory_is_a_view_too(in_process, config_file, spark_se
     assert json_rows(result.stdout) == [{"epc": "ee"}]
 
 
+def test_a_directory_that_is_no_table_is_left_out_with_a_note_and_queries_still_run(
+    in_process, config_file, data_dir
+):
+    stray = data_dir / "tables" / "exports"
+    stray.mkdir()
+    (stray / "notes.parquet").write_text("not parquet at all")
+    try:
+        result = in_process(
+            "--config", str(config_file), "--json", "SELECT count(*) AS n FROM reads"
+        )
+    finally:
+        (stray / "notes.parquet").unlink()
+        stray.rmdir()
+    assert result.exit_code == 0, result.output
+    assert json_rows(result.stdout) == [{"n": 7}]
+    assert result.stderr.startswith("fxgate sql: exports is no table, left out: ")
+
+
 def test_a_limit_cuts_the_result_and_says_so(in_process, config_file):
     query = "SELECT epc FROM reads ORDER BY event_time"
     text = in_process("--config", str(config_file), "--limit", "2", query)
