@@ -98,11 +98,14 @@ def table_names(tables_dir: Location) -> list[str]:
     names = list(TABLES)
     local = local_path(tables_dir)
     if local is not None:
-        found = sorted(
-            entry.name
-            for entry in os.scandir(local)
-            if entry.is_dir() and _TABLE_DIR.match(entry.name) and entry.name not in TABLES
-        )
+        try:
+            found = sorted(
+                entry.name
+                for entry in os.scandir(local)
+                if entry.is_dir() and _TABLE_DIR.match(entry.name) and entry.name not in TABLES
+            )
+        except OSError as error:
+            raise CannotQuery(f"cannot list tables directory {local}: {error.strerror}") from None
         names.extend(found)
     return names
 
