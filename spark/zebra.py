@@ -259,10 +259,24 @@ _DATA_SLOTS = {
 }
 
 
+_COMMON_DATA = frozenset(key for key, slot in _DATA_SLOTS.items() if slot <= _READ_COUNT)
+# TID to accessResults, and extra_fields: None.
+_NO_MEMORY_FIELDS = (None,) * 8
+
+
 def _lenient_fields(event: dict, data: dict) -> tuple:
     """TagRead's lenient fields of one event, in TagRead's order from `reader_mode` to
     `extra_fields`: the event's unknown fields and the known ones whose value did not fit their
     column, as JSON. (One pass over `data`: it costs about a microsecond an event.)"""
+    if data.keys() <= _COMMON_DATA and event.keys() <= _ENVELOPE:
+        # What nearly every event is: the strict fields, format and reads, its mode.
+        mode, kind, count = event.get("type"), data.get("format"), data.get("reads")
+        if (
+            (mode is None or (type(mode) is str and mode.isascii()))
+            and (kind is None or (type(kind) is str and kind.isascii()))
+            and (count is None or (type(count) is int and _INT64[0] <= count <= _INT64[1]))
+        ):
+            return (mode, kind, count, *_NO_MEMORY_FIELDS)
     extra: dict[str, object] = {}
     if not event.keys() <= _ENVELOPE:
         extra = {key: event[key] for key in event.keys() - _ENVELOPE}
