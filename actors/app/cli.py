@@ -1,5 +1,4 @@
-"""The `fxgate` command: run the gateway, simulate readers, show status, check, audit or query the
-tables."""
+"""The `fxgate` command: run the gateway, simulate readers, show status, check or audit a table."""
 
 from __future__ import annotations
 
