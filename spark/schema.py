@@ -1,6 +1,10 @@
 """Arrow schemas of the `reads`, `dead_letters`, `events` and `reader_events` tables, and ledger
 records → Arrow tables.
 
+Schema changes are additive (DESIGN §7.7): a column is only ever added at the end of a schema,
+never renamed, retyped or dropped, so partitions written before it read as null in it (Spark
+`mergeSchema`, pyarrow with the schema given, DuckDB `union_by_name`).
+
 The Spark writer hands `createDataFrame` a `pyarrow.Table` because that is the fast path (DESIGN §4:
 ~140k rows/s, tuples are 3x slower). `build_batch` is a pure function of its records and batch id:
 a batch replayed after a crash must rebuild exactly the rows it wrote before, so that overwriting
@@ -18,6 +22,7 @@ import functools
 import hashlib
 import json
 import logging
+import operator
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -66,7 +71,37 @@ READS_SCHEMA = pa.schema(
         # The inbound ledger's seq of the message: arrival order at this gateway (added with the
         # two-sink ledger; null in partitions written before it).
         pa.field("seq", pa.int64()),
+        # Every other field of the tag data event (spark.zebra.TagRead; added with issue 15, null
+        # in partitions written before it). Null when the event did not carry the field.
+        pa.field("reader_mode", pa.string()),  # `type`: SIMPLE, INVENTORY, PORTAL, ...
+        pa.field("format", pa.string()),  # data.format
+        pa.field("read_count", pa.int64()),  # data.reads
+        pa.field("tid", pa.string()),  # data.TID, hex as sent
+        pa.field("user_memory", pa.string()),  # data.USER, hex as sent
+        pa.field("epc_memory", pa.string()),  # data.EPC, hex as sent
+        pa.field("pc", pa.string()),  # data.PC, hex as sent
+        pa.field("xpc", pa.string()),  # data.XPC, hex as sent
+        pa.field("crc", pa.string()),  # data.CRC, hex as sent
+        pa.field("access_results", pa.list_(pa.string())),  # data.accessResults
+        # The event's fields without a column (and values that did not fit theirs), as a JSON
+        # object shaped like the event: {"data": {"userDefined": ...}, ...}.
+        pa.field("extra_fields", pa.string()),
     ]
+)
+
+# The columns of `reads` filled from TagRead's lenient fields, in schema order, with their types.
+_LENIENT_COLUMNS = (
+    ("reader_mode", pa.string()),
+    ("format", pa.string()),
+    ("read_count", pa.int64()),
+    ("tid", pa.string()),
+    ("user_memory", pa.string()),
+    ("epc_memory", pa.string()),
+    ("pc", pa.string()),
+    ("xpc", pa.string()),
+    ("crc", pa.string()),
+    ("access_results", pa.list_(pa.string())),
+    ("extra_fields", pa.string()),
 )
 
 DEAD_LETTERS_SCHEMA = pa.schema(
@@ -233,6 +268,8 @@ def build_batch(
     qos: list[int] = []
     pack_id: list[int] = []
     seq: list[int] = []
+    lenient_columns: list[list[object]] = [[] for _ in _LENIENT_COLUMNS]
+    lenient_fields = operator.attrgetter(*(name for name, _ in _LENIENT_COLUMNS))
 
     dead_key: list[str] = []
     dead_topic: list[str] = []
@@ -363,6 +400,8 @@ def build_batch(
             phase.append(read.phase)
             event_num.append(read.event_num)
             event_time.append(read.event_time)
+            for values, value in zip(lenient_columns, lenient_fields(read), strict=True):
+                values.append(value)
         n = len(reads)
         topic.extend([record_topic] * n)
         reader_id.extend([safe_reader] * n)
@@ -390,6 +429,10 @@ def build_batch(
             pa.array([batch_id] * len(message_id), type=pa.int64()),
             _utc_dates(event_times),
             pa.array(seq, type=pa.int64()),
+            *(
+                pa.array(values, type=kind)
+                for values, (_, kind) in zip(lenient_columns, _LENIENT_COLUMNS, strict=True)
+            ),
         ],
         schema=READS_SCHEMA,
     )

@@ -8,6 +8,12 @@ JSON array of them:
      "timestamp": "2026-11-21T10:00:00.123+0000", "type": "SIMPLE"}
 
 `parse_payload` turns a payload into `TagRead`s or raises `PayloadError` with a fixed reason code.
+Every field of an event is kept (`TagRead`): the few the table has always had are checked strictly
+(a wrong type rejects the message), the fields added later (the reader mode `type`, `format`,
+`reads`, the tag memory and access fields) are taken leniently, because they were never a reason
+to refuse a message and must not become one (DESIGN §7.8: the same dead letters as before). A
+value that does not fit its column, and every field this parser does not know, is kept as JSON
+in `extra_fields`, in the place the event had it: nothing a reader sends is thrown away.
 A message is all or nothing: one bad element rejects the whole message, which then lands whole in
 `dead_letters` (DESIGN §3.6) — keeping the good half would make the message neither stored nor
 dead-lettered, and a replay could not tell which reads of it belong where.
@@ -114,6 +120,21 @@ class TagRead:
     phase: float | None
     event_num: int | None
     event_time: datetime
+    # The fields below are taken leniently (see the module's docstring): None when absent, null,
+    # or of a type that does not fit (the value is then in extra_fields).
+    reader_mode: str | None = None  # `type`: SIMPLE, INVENTORY, PORTAL, CONVEYOR, CUSTOM, ...
+    format: str | None = None  # data.format: how idHex is written ("epc")
+    read_count: int | None = None  # data.reads: reads of the tag in the report interval
+    tid: str | None = None  # data.TID: the TID memory bank, hex
+    user_memory: str | None = None  # data.USER: the USER memory bank, hex
+    epc_memory: str | None = None  # data.EPC: the whole EPC memory bank, hex
+    pc: str | None = None  # data.PC: the protocol control bits, hex
+    xpc: str | None = None  # data.XPC: the extended protocol control bits, hex
+    crc: str | None = None  # data.CRC: the tag's CRC, hex
+    access_results: tuple[str, ...] | None = None  # data.accessResults, one per access operation
+    # Every other field of the event, and any value above that did not fit its column, as a
+    # JSON object shaped like the event ({"data": {...}, ...}, sorted keys); None when nothing.
+    extra_fields: str | None = None
 
 
 class PayloadError(ValueError):
@@ -191,15 +212,142 @@ def _parse_event(event: object, where: str) -> TagRead:
     if not _HEX.fullmatch(epc):
         raise PayloadError(BAD_EPC, f"{where}data.idHex {show(epc)} is not hexadecimal")
 
+    antenna = _opt_int(data.get("antenna"), where, "data.antenna", _INT32)
+    peak_rssi = _opt_float(data.get("peakRssi"), where, "data.peakRssi")
+    channel = _opt_float(data.get("channel"), where, "data.channel")
+    phase = _opt_float(data.get("phase"), where, "data.phase")
+    event_num = _opt_int(data.get("eventNum"), where, "data.eventNum", _INT64)
+    event_time = _timestamp(event.get("timestamp"), where)
+    # Only now, after every check that can refuse the message: the lenient fields never decide
+    # a message's fate, whatever they hold.
     return TagRead(
-        epc=epc.lower(),
-        antenna=_opt_int(data.get("antenna"), where, "data.antenna", _INT32),
-        peak_rssi=_opt_float(data.get("peakRssi"), where, "data.peakRssi"),
-        channel=_opt_float(data.get("channel"), where, "data.channel"),
-        phase=_opt_float(data.get("phase"), where, "data.phase"),
-        event_num=_opt_int(data.get("eventNum"), where, "data.eventNum", _INT64),
-        event_time=_timestamp(event.get("timestamp"), where),
+        epc.lower(),
+        antenna,
+        peak_rssi,
+        channel,
+        phase,
+        event_num,
+        event_time,
+        *_lenient_fields(event, data),
     )
+
+
+# The envelope's fields; every other top-level field of an event is kept in extra_fields.
+_ENVELOPE = frozenset({"data", "timestamp", "type"})
+# Data fields -> their place in the tuple _lenient_fields returns (after reader_mode); -1 for
+# the fields checked strictly above; every other data field is kept in extra_fields.
+_READ_COUNT = 1
+_ACCESS_RESULTS = 8
+_DATA_SLOTS = {
+    "idHex": -1,
+    "antenna": -1,
+    "peakRssi": -1,
+    "channel": -1,
+    "phase": -1,
+    "eventNum": -1,
+    "format": 0,
+    "reads": _READ_COUNT,
+    # The tag memory fields are hex as the reader wrote them (not lower-cased like the EPC key):
+    # any string is kept in its column.
+    "TID": 2,
+    "USER": 3,
+    "EPC": 4,
+    "PC": 5,
+    "XPC": 6,
+    "CRC": 7,
+    "accessResults": _ACCESS_RESULTS,
+}
+
+
+_COMMON_DATA = frozenset(key for key, slot in _DATA_SLOTS.items() if slot <= _READ_COUNT)
+# TID to accessResults, and extra_fields: None.
+_NO_MEMORY_FIELDS = (None,) * 8
+
+
+def _lenient_fields(event: dict, data: dict) -> tuple:
+    """TagRead's lenient fields of one event, in TagRead's order from `reader_mode` to
+    `extra_fields`: the event's unknown fields and the known ones whose value did not fit their
+    column, as JSON. (One pass over `data`: it costs about a microsecond an event.)"""
+    if data.keys() <= _COMMON_DATA and event.keys() <= _ENVELOPE:
+        # What nearly every event is: the strict fields, format and reads, its mode.
+        mode, kind, count = event.get("type"), data.get("format"), data.get("reads")
+        if (
+            (mode is None or (type(mode) is str and mode.isascii()))
+            and (kind is None or (type(kind) is str and kind.isascii()))
+            and (count is None or (type(count) is int and _INT64[0] <= count <= _INT64[1]))
+        ):
+            return (mode, kind, count, *_NO_MEMORY_FIELDS)
+    extra: dict[str, object] = {}
+    if not event.keys() <= _ENVELOPE:
+        extra = {key: event[key] for key in event.keys() - _ENVELOPE}
+    mode = event.get("type")
+    if mode is not None and not _is_text(mode):
+        extra["type"] = mode
+        mode = None
+    values: list[object] = [None] * 9
+    extra_data: dict[str, object] = {}
+    for key, value in data.items():
+        slot = _DATA_SLOTS.get(key)
+        if slot is None:
+            extra_data[key] = value
+        elif slot < 0 or value is None:
+            continue
+        elif slot == _READ_COUNT:
+            if type(value) is int and _INT64[0] <= value <= _INT64[1]:
+                values[slot] = value
+            else:
+                extra_data[key] = value
+        elif slot == _ACCESS_RESULTS:
+            if type(value) is list and all(map(_is_text, value)):
+                values[slot] = tuple(value)
+            else:
+                extra_data[key] = value
+        elif _is_text(value):
+            values[slot] = value
+        else:
+            extra_data[key] = value
+    if extra_data:
+        extra["data"] = extra_data
+    return (mode, *values, _extra_json(extra) if extra else None)
+
+
+def _is_text(value: object) -> bool:
+    """A string a UTF-8 column can take (a JSON escape can make a lone surrogate)."""
+    if type(value) is not str:
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+# A JSON string as json.dumps writes it, or a bare (non-finite) number name outside strings.
+_STRING_OR_INFINITY = re.compile(r'"(?:[^"\\]|\\.)*"|(-?)Infinity')
+
+
+def _extra_json(extra: dict) -> str:
+    """`extra` as JSON text that a UTF-8 column takes and any JSON parser reads."""
+    try:
+        try:
+            text = json.dumps(extra, sort_keys=True, ensure_ascii=False, allow_nan=False)
+            text.encode("utf-8")
+            return text
+        except (UnicodeEncodeError, ValueError):
+            pass
+        # A lone surrogate (ensure_ascii escapes it as \\udXXX), or a number too large for a
+        # float (1e400 decodes to inf): written as 1e999, which JSON parsers read back as inf.
+        text = json.dumps(extra, sort_keys=True, ensure_ascii=True, allow_nan=True)
+    except RecursionError:
+        # As for the decoder (parse_payload): not below MAX_NESTING; kept so it never escapes.
+        raise PayloadError(NESTED_TOO_DEEP, f"nested deeper than {MAX_NESTING} levels") from None
+    return _STRING_OR_INFINITY.sub(_finite_literal, text)
+
+
+def _finite_literal(match: re.Match) -> str:
+    return match.group(0) if match.group(1) is None else f"{match.group(1)}1e999"
 
 
 def _timestamp(value: object, where: str) -> datetime:

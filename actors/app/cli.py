@@ -322,6 +322,77 @@ def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool)
 
 
 @main.command()
+@config_option
+@click.argument("query")
+@click.option("--json", "as_json", is_flag=True, help="one JSON object per row (JSON Lines)")
+@click.option(
+    "--limit",
+    default=1000,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="at most this many rows (Spark stops early); 0 = every row",
+)
+def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None:
+    """Run a Spark SQL query over the tables: reads, dead_letters, events, reader_events (and
+    any other table directory) are views of those names.
+
+    Exit status 0 when the query ran, 1 when Spark refused or failed it, 2 when no query could
+    run (no tables directory, a table unreadable, Spark did not start)."""
+    from py4j.protocol import Py4JJavaError
+    from pyspark.errors import PySparkException
+
+    from spark.session import build_session, stop_session
+    from spark.sql import (
+        CannotQuery,
+        QueryFailed,
+        check_tables_dir,
+        format_table,
+        json_lines,
+        register_tables,
+        run_query,
+    )
+
+    if not query.strip():
+        raise click.UsageError("the query is empty")
+    config = _load(config_path)
+    tables_dir = config.spark.tables_path(config.gateway.data_path)
+    # pyspark logs each failed query's whole JVM stack as an ERROR line; the error is ours to say.
+    logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
+    try:
+        check_tables_dir(tables_dir)  # a wrong path fails before a JVM starts
+        session = build_session(
+            config.spark.master,
+            config.gateway.data_path / "spark-sql",
+            driver_memory=config.spark.driver_memory,
+            # reads has more columns than Spark's default 25 in a plan's text (a WARN line).
+            conf={"spark.sql.debug.maxToStringFields": 100, **config.spark.conf},
+        )
+        try:
+            for name, why in register_tables(session, tables_dir).items():
+                click.echo(f"fxgate sql: {name} is no table, left out: {why}", err=True)
+            result = run_query(session, query, limit)
+            lines = list(json_lines(result)) if as_json else [format_table(result)]
+        finally:
+            stop_session(session)
+    except QueryFailed as error:
+        click.echo(f"fxgate sql: query failed: {error}", err=True)
+        sys.exit(1)
+    except CannotQuery as error:
+        click.echo(f"fxgate sql: cannot query: {error}", err=True)
+        sys.exit(2)
+    except (PySparkException, Py4JJavaError, RuntimeError, OSError) as error:
+        first = (str(error).strip().splitlines() or [""])[0]  # py4j appends the Java stack
+        click.echo(
+            f"fxgate sql: cannot query: Spark failed: {type(error).__name__}: {first}", err=True
+        )
+        sys.exit(2)
+    for line in lines:
+        click.echo(line)
+    if as_json and result.truncated:
+        click.echo(f"fxgate sql: only the first {limit} rows; --limit 0 for all", err=True)
+
+
+@main.command()
 @click.option(
     "--workdir",
     type=click.Path(path_type=Path, file_okay=False),

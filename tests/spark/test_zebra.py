@@ -1,4 +1,5 @@
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
@@ -59,6 +60,9 @@ def test_single_event_parses_into_one_tag_read_with_lowercase_epc_and_utc_time()
             phase=12.5,
             event_num=1234,
             event_time=datetime(2026, 11, 21, 10, 0, 0, 123000, tzinfo=UTC),
+            reader_mode="SIMPLE",
+            format="epc",
+            read_count=1,
         ),
     )
 
@@ -99,9 +103,45 @@ def test_optional_fields_may_be_absent_or_null():
     assert (read.antenna, read.peak_rssi, read.channel, read.phase, read.event_num) == (None,) * 5
 
 
-def test_unknown_extra_fields_are_ignored():
+def test_unknown_fields_are_kept_as_json_shaped_like_the_event_and_change_nothing_else():
     doc = event(data_userDefined="x", data_tid="E2801160", extra={"nested": [1, 2]})
-    assert parse_payload(encode(doc)) == parse_payload(encode(event()))
+    (read,) = parse_payload(encode(doc))
+    assert json.loads(read.extra_fields) == {
+        "data": {"userDefined": "x", "tid": "E2801160"},
+        "extra": {"nested": [1, 2]},
+    }
+    (plain,) = parse_payload(encode(event()))
+    assert plain.extra_fields is None
+    assert replace(read, extra_fields=None) == plain
+
+
+def test_a_known_field_of_an_unexpected_type_is_kept_in_extra_fields_not_refused():
+    doc = event(type=7, data_reads="3", data_TID=["E280"], data_accessResults="SUCCESS")
+    (read,) = parse_payload(encode(doc))
+    assert (read.reader_mode, read.read_count, read.tid, read.access_results) == (None,) * 4
+    assert json.loads(read.extra_fields) == {
+        "type": 7,
+        "data": {"reads": "3", "TID": ["E280"], "accessResults": "SUCCESS"},
+    }
+
+
+def test_extra_fields_stay_valid_utf8_json_for_lone_surrogates_and_overflowing_numbers():
+    payload = (
+        b'{"data": {"idHex": "ab", "big": 1e400, "small": -1e400, "odd": "\\ud800",'
+        b' "word": "Infinity", "PC": "\\udc00"}, "timestamp": "2026-11-21T10:00:00Z"}'
+    )
+    (read,) = parse_payload(payload)
+    read.extra_fields.encode("utf-8")
+    assert read.pc is None  # a lone surrogate is no text for a UTF-8 column
+    assert json.loads(read.extra_fields) == {
+        "data": {
+            "big": float("inf"),
+            "small": float("-inf"),
+            "odd": "\ud800",
+            "word": "Infinity",
+            "PC": "\udc00",
+        }
+    }
 
 
 def test_oversized_payload_is_rejected_before_decoding():
