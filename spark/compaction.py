@@ -307,11 +307,12 @@ class CompactionLock:
         self.role = role
         self._fd: int | None = None
 
-    def acquire(self) -> CompactionLock:
+    def acquire(self, wait: bool = False) -> CompactionLock:
+        """Take the lock; CompactionBusy when another process holds it, unless `wait`."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
         except BlockingIOError:
             os.close(fd)
             raise CompactionBusy(lock_holder(self.path.parent) or {}) from None
