@@ -100,7 +100,7 @@ class CompactionSchedule:
     """The [compaction] settings the writer acts on (actors/config/schema.py says each)."""
 
     enabled: bool = True
-    start_delay: float = 60.0
+    start_delay: float = 600.0
     interval: float = 3600.0
     grace: float = 3600.0
     target_file_bytes: int = 128 * 1024 * 1024

@@ -497,7 +497,7 @@ class CompactionConfig(_Section):
     # replays of a crash are written), then one every interval_seconds. A pass over dates that
     # are compacted already lists them and does nothing else.
     enabled: bool = True
-    start_delay_seconds: float = Field(60.0, ge=0)
+    start_delay_seconds: float = Field(600.0, ge=0)
     interval_seconds: float = Field(3600.0, gt=0)
     # A replaced date directory is kept this long, so that a reader that opened its files
     # finishes (HDFS and NFS do not keep a removed file for its open readers as a local disk does).

@@ -176,3 +176,18 @@ def test_a_batch_replayed_after_its_date_was_compacted_lands_once(
     assert Counter(ids) == Counter(expected)
     found = every_reader(spark_session, tables)
     assert found["spark"] == found["pyarrow"] == found["duckdb"] == Counter(expected)
+
+
+def test_compact_refuses_tables_that_are_not_on_this_machines_disk(tmp_path):
+    from click.testing import CliRunner
+
+    from actors.app.cli import main
+
+    env = {
+        "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+        "FXGATE__SPARK__TABLES_DIR": "hdfs://namenode:8020/fxgate/tables",
+    }
+    result = CliRunner().invoke(main, ["compact"], env=env)
+    assert result.exit_code == 2
+    assert "not on this machine's disk" in result.stderr
+    assert not (tmp_path / "data" / "compact").exists()
