@@ -410,9 +410,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         except (StorageUnavailable, pykka.Timeout) as error:
             self._schedule_retry(batch, error)
             return
-        watchdog = self._clock.call_later(
-            self._processing_timeout, lambda: self._cancel_stuck(batch_id)
-        )
         to_write = {
             READS: reads,
             DEAD_LETTERS: tables.dead_letters,
@@ -422,6 +419,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         holds = {name: table.num_rows for name, table in to_write.items()}
         if not batch.credited and self._local_tables is not None:
             to_write = self._without_absorbed(batch_id, to_write)
+        watchdog = self._clock.call_later(
+            self._processing_timeout, lambda: self._cancel_stuck(batch_id)
+        )
         mid_job = crash_soon("mid_spark_job")
         try:
             # The ledger counts what the batch holds, compacted already or written now.

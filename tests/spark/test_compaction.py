@@ -241,7 +241,7 @@ def test_readers_in_a_loop_during_a_pass_never_see_a_row_twice_or_a_row_missing(
         for t in threads:
             t.join(timeout=60)
     assert len(result.compacted) == 3
-    assert wrong == []
+    assert wrong == [], outcomes
     assert outcomes[("arrow", "exact")] > 0 and outcomes[("duckdb", "exact")] > 0
     assert spark_ids(spark_session, tmp_path) == expected
     assert arrow_ids(tmp_path) == expected == duckdb_ids(tmp_path)
