@@ -34,6 +34,11 @@ POINTS = frozenset(
         "after_lifecycle_commit_before_hand_on",
         # Upstream QoS 2: the broker's PUBCOMP arrived, not yet recorded (it has our PUBREL).
         "after_pubrec_before_pubcomp",
+        # Compaction (spark/compaction.py): a date's new files and marker are written under
+        # their hidden staging name; the date is not swapped yet.
+        "compaction_after_write_before_swap",
+        # The date directory is swapped; the old one is still under the staging name.
+        "compaction_after_swap_before_retire",
     }
 )
 

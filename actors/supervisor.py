@@ -33,7 +33,8 @@ from actors.mqtt.relay import ConnectionRelay
 from actors.mqtt.upstream import UpstreamClient
 from actors.outbound import OutboundLedger
 from actors.pack import PackActor
-from actors.writer import SparkWriterActor
+from actors.writer import CompactionSchedule, CompactNow, SparkWriterActor
+from persistence.compaction_request import pending_compaction_requests
 from persistence.disk_budget import DiskBudget
 from persistence.permissions import private_directory
 from persistence.records import ReaderCount
@@ -252,6 +253,14 @@ class Supervisor(WriterListener):
                 readers=dict(recovery.readers),
                 management_topics=cfg.source.management_topics,
                 reader_health=dict(recovery.reader_health),
+                compaction=CompactionSchedule(
+                    enabled=cfg.compaction.enabled,
+                    start_delay=cfg.compaction.start_delay_seconds,
+                    interval=cfg.compaction.interval_seconds,
+                    grace=cfg.compaction.grace_seconds,
+                    target_file_bytes=cfg.compaction.target_file_mb * 1024 * 1024,
+                    data_dir=cfg.gateway.data_path,
+                ),
                 **self._writer_options,
             )
             pack = self._start(
@@ -473,8 +482,12 @@ class Supervisor(WriterListener):
     def take_requests(self) -> None:
         """Called by the daemon each second: hand the ledger the replay requests that
         `fxgate dead-letters replay` left in the data directory (the command never touches the
-        ledger itself: it has one owner)."""
+        ledger itself: it has one owner), and the writer those of `fxgate compact`."""
         ledger = self.ref("ledger")
         data_dir = self.config.gateway.data_path
         if ledger is not None and pending_requests(data_dir):
             ledger.tell(TakeReplays(data_dir))
+        # `fxgate compact` while the daemon runs: the writer compacts (it owns the session).
+        writer = self.ref("spark-writer")
+        if writer is not None and pending_compaction_requests(data_dir):
+            writer.tell(CompactNow())

@@ -18,6 +18,15 @@ its rows are durable in the ledger and must not be dropped because Spark is unwe
 running `processing_timeout` after it started is cancelled and retried the same way. While a batch
 waits for its retry, new packs wait behind it, which keeps batches in order.
 
+Compaction (spark/compaction.py, DESIGN §7.7) runs here too, on this thread and session (the one
+owner of the SparkSession): a pass over the closed dates `start_delay` after the start and every
+`interval` after that, and one whenever `fxgate compact` leaves a request (the supervisor tells
+`CompactNow`). The writer holds the tables directory's compaction lock from its start to its stop,
+so no `fxgate compact` rewrites a date under it. A pass waits while a batch waits for its retry or
+a replay is queued: a date is compacted only once everything landed in it is committed. A replay of
+a batch whose date was compacted anyway (by `fxgate compact --include-open` without the ledger's
+word) writes only its other dates: the compacted files hold the rest already.
+
 A ledger that cannot write (StorageUnavailable: disk full) is waited out the same way: a batch it
 could not begin goes back in front of the pending packs, and one whose commit it could not record
 is written again (the same partitions, overwritten) and committed at the retry. Each failure is a
@@ -42,6 +51,7 @@ from actors.crashpoints import crash_point, crash_soon
 from actors.listener import WriterListener
 from actors.messages import BatchWritten, Grant, PackSealed, ReplayBatch, WriterHealth
 from actors.tell import tell_unless_dead
+from persistence.compaction_request import done, pending_compaction_requests
 from persistence.keys import READ_KEYS
 from persistence.records import TABLE, ReaderCount
 from persistence.storage_faults import StorageUnavailable
@@ -51,6 +61,7 @@ from spark.location import local_path
 if TYPE_CHECKING:
     import pyarrow as pa
 
+    from spark.compaction import CompactionLock
     from spark.tables import TableWriter
 
 # pyarrow, pyspark and the modules built on them (spark.schema, spark.tables) are imported in the
@@ -72,6 +83,28 @@ class _Deadline:
 @dataclass(frozen=True, slots=True)
 class _Retry:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Compact:
+    """The compaction schedule's tick."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompactNow:
+    """`fxgate compact` left a request in the data directory: run a pass, then delete it."""
+
+
+@dataclass(frozen=True, slots=True)
+class CompactionSchedule:
+    """The [compaction] settings the writer acts on (actors/config/schema.py says each)."""
+
+    enabled: bool = True
+    start_delay: float = 600.0
+    interval: float = 3600.0
+    grace: float = 3600.0
+    target_file_bytes: int = 128 * 1024 * 1024
+    data_dir: Path | None = None  # where `fxgate compact` leaves its requests
 
 
 class SparkWriterActor(pykka.ThreadingActor):
@@ -100,8 +133,14 @@ class SparkWriterActor(pykka.ThreadingActor):
         readers: dict[str, ReaderCount] | None = None,
         management_topics: tuple[str, ...] = (),
         reader_health: dict[str, dict] | None = None,
+        compaction: CompactionSchedule | None = None,
     ) -> None:
         super().__init__()
+        # None: no lock and no compaction (a writer in a test of its own).
+        self._compaction = compaction
+        self._compaction_lock: CompactionLock | None = None
+        self._compaction_timer: TimerHandle | None = None
+        self._local_tables: Path | None = None
         # Each reader's health (spark.reader_health), kept like the counters below: a batch
         # observes on copies, committed with the batch. Seeded from the ledger at start.
         self._reader_health: dict[str, dict] = dict(reader_health or {})
@@ -163,7 +202,11 @@ class SparkWriterActor(pykka.ThreadingActor):
         if self._table_writer is None:
             self._table_writer = TableWriter
         # A remote location (hdfs://, s3a://) keeps its leftovers: readers ignore them anyway.
-        local_tables = local_path(self._tables_dir)
+        local_tables = self._local_tables = local_path(self._tables_dir)
+        if local_tables is not None and self._compaction is not None:
+            # Before clean_staging: a `fxgate compact` still running has its Spark job's
+            # `_temporary` files under the tables directory; the writer waits for it to end.
+            self._take_compaction_lock(local_tables)
         if local_tables is not None:
             removed = clean_staging(local_tables)
             if removed:
@@ -171,6 +214,18 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._session = self._session_factory()
         self._tables = self._table_writer(self._session, self._tables_dir)
         log.info("spark writer ready: tables in %s", self._tables_dir)
+        if self._compaction_lock is not None and self._compaction.enabled:
+            self._schedule_compaction(self._compaction.start_delay)
+
+    def _take_compaction_lock(self, tables: Path) -> None:
+        from spark.compaction import CompactionBusy, CompactionLock
+
+        lock = CompactionLock(tables, "daemon")
+        try:
+            self._compaction_lock = lock.acquire()
+        except CompactionBusy as busy:
+            log.warning("%s: waiting for it to finish before writing", busy)
+            self._compaction_lock = lock.acquire(wait=True)
 
     def on_stop(self) -> None:
         if self._failed is None:
@@ -181,9 +236,19 @@ class SparkWriterActor(pykka.ThreadingActor):
                 self._failed.batch_id,
             )
         self._close_session()
+        self._release_compaction()
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         self._close_session()
+        self._release_compaction()
+
+    def _release_compaction(self) -> None:
+        if self._compaction_timer is not None:
+            self._compaction_timer.cancel()
+            self._compaction_timer = None
+        if self._compaction_lock is not None:
+            self._compaction_lock.release()
+            self._compaction_lock = None
 
     def _close_session(self) -> None:
         if self._session is not None and self._session_closer is not None:
@@ -223,8 +288,62 @@ class SparkWriterActor(pykka.ThreadingActor):
                 self._replay(self._replays.popleft())
             if self._retry_timer is None:
                 self._flush()
+        elif isinstance(message, _Compact):
+            self._compaction_timer = None
+            self.compact("scheduled")
+            self._schedule_compaction(self._compaction.interval)
+        elif isinstance(message, CompactNow):
+            data_dir = None if self._compaction is None else self._compaction.data_dir
+            requests = [] if data_dir is None else pending_compaction_requests(data_dir)
+            if requests and self.compact("requested by fxgate compact"):
+                done(requests)
+                log.info("compaction request(s) done: %s", ", ".join(p.name for p in requests))
         else:
             log.warning("spark writer ignored %r", message)
+
+    # -- compaction -------------------------------------------------------------------------
+
+    def _schedule_compaction(self, delay: float) -> None:
+        if self._compaction_timer is not None:
+            self._compaction_timer.cancel()
+        self._compaction_timer = self._clock.call_later(
+            delay, lambda: tell_unless_dead(self.actor_ref, _Compact())
+        )
+
+    def compact(self, reason: str = "asked"):
+        """One pass over the closed dates; its result, or None when it could not run now."""
+        from spark.compaction import Compactor, closed_before
+
+        if self._compaction_lock is None or self._local_tables is None:
+            log.warning("compaction pass (%s) skipped: the tables are not ours to compact", reason)
+            return None
+        if self._retry_timer is not None or self._failed is not None or self._replays:
+            log.info("compaction pass (%s) deferred: a batch waits to be written first", reason)
+            return None
+        try:
+            lag = self._ledger.stats().get(timeout=LEDGER_ASK_TIMEOUT)["lag"]["table"]
+        except (KeyError, StorageUnavailable, pykka.Timeout) as error:
+            log.warning(
+                "compaction pass (%s) skipped: the ledger did not answer (%r)", reason, error
+            )
+            return None
+        boundary = closed_before(self._clock.wall(), lag["oldest_received_time"])
+        compactor = Compactor(
+            self._session,
+            self._local_tables,
+            wall=self._clock.wall,
+            grace_seconds=self._compaction.grace,
+            target_file_bytes=self._compaction.target_file_bytes,
+            checkpoint=crash_point,
+        )
+        try:
+            result = compactor.run(boundary)
+        except Exception as error:  # Spark or the file system; the tables stay as they were
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            log.error("compaction pass (%s) failed: %s; the next pass tries again", reason, first)
+            return None
+        log.info("compaction pass (%s, dates before %s): %s", reason, boundary, result.summary())
+        return result
 
     def _replay(self, batch: ReplayBatch) -> None:
         log.info("replaying batch %d (%d messages)", batch.batch_id, len(batch.records))
@@ -291,20 +410,22 @@ class SparkWriterActor(pykka.ThreadingActor):
         except (StorageUnavailable, pykka.Timeout) as error:
             self._schedule_retry(batch, error)
             return
+        to_write = {
+            READS: reads,
+            DEAD_LETTERS: tables.dead_letters,
+            EVENTS: tables.events,
+            READER_EVENTS: tables.reader_events,
+        }
+        holds = {name: table.num_rows for name, table in to_write.items()}
+        if not batch.credited and self._local_tables is not None:
+            to_write = self._without_absorbed(batch_id, to_write)
         watchdog = self._clock.call_later(
             self._processing_timeout, lambda: self._cancel_stuck(batch_id)
         )
         mid_job = crash_soon("mid_spark_job")
         try:
-            written = self._tables.write_batch(
-                batch_id,
-                {
-                    READS: reads,
-                    DEAD_LETTERS: tables.dead_letters,
-                    EVENTS: tables.events,
-                    READER_EVENTS: tables.reader_events,
-                },
-            )
+            # The ledger counts what the batch holds, compacted already or written now.
+            written = {**self._tables.write_batch(batch_id, to_write), **holds}
         except Exception as error:  # Spark and py4j raise many kinds; every one is retried
             self._schedule_retry(batch, error)
             return
@@ -495,6 +616,21 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     def health(self) -> WriterHealth:
         return self._health
+
+    def _without_absorbed(self, batch_id: int, tables: dict) -> dict:
+        """A replay (after a crash) drops the dates a compaction took its batch into already:
+        the compacted files hold those rows (spark/compaction.py, `without_absorbed`)."""
+        from spark.compaction import without_absorbed
+
+        kept, absorbed = without_absorbed(self._local_tables, batch_id, tables)
+        for name, dates in sorted(absorbed.items()):
+            log.warning(
+                "batch %d: %s %s compacted with it already; those rows are not written again",
+                batch_id,
+                name,
+                ", ".join(sorted(dates)),
+            )
+        return kept
 
     def _owned_reads(self, batch_id: int, reads: pa.Table) -> pa.Table:
         """Keep the reads whose id this batch owns, each once (first occurrence)."""

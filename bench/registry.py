@@ -18,6 +18,7 @@ MODULES = (
     "bench.memory",
     "bench.outage",
     "bench.loss",
+    "bench.compaction",
 )
 
 

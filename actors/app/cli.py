@@ -393,6 +393,32 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
 
 
 @main.command()
+@config_option
+@click.option(
+    "--include-open",
+    is_flag=True,
+    help="compact the current date too (only while the daemon is stopped)",
+)
+def compact(config_path: Path | None, include_open: bool) -> None:
+    """Compact the closed dates of every table: one pass, then exit 0.
+
+    While the daemon runs it is the daemon that compacts: this hands it a request (it runs the
+    pass within a second or two) and exits 0; with --include-open it refuses (exit 2)."""
+    from actors.app.compact import CompactRefused, compact_tables
+
+    config = _load(config_path)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    logging.getLogger("py4j").setLevel(logging.WARNING)
+    try:
+        click.echo(compact_tables(config, include_open))
+    except CompactRefused as error:
+        click.echo(f"fxgate compact: {error}", err=True)
+        sys.exit(2)
+
+
+@main.command()
 @click.option(
     "--workdir",
     type=click.Path(path_type=Path, file_okay=False),

@@ -491,6 +491,22 @@ class SparkConfig(_Section):
             yield name, value
 
 
+class CompactionConfig(_Section):
+    # The daemon compacts the closed dates of every table (spark/compaction.py) on this schedule,
+    # on its Spark writer's thread: the first pass start_delay_seconds after the start (once the
+    # replays of a crash are written), then one every interval_seconds. A pass over dates that
+    # are compacted already lists them and does nothing else.
+    enabled: bool = True
+    start_delay_seconds: float = Field(600.0, ge=0)
+    interval_seconds: float = Field(3600.0, gt=0)
+    # A replaced date directory is kept this long, so that a reader that opened its files
+    # finishes (HDFS and NFS do not keep a removed file for its open readers as a local disk does).
+    grace_seconds: float = Field(3600.0, ge=0)
+    # One output file per this many MiB of input: 128 MiB is Spark's read split, Parquet's row
+    # group and an HDFS block.
+    target_file_mb: int = Field(128, ge=1)
+
+
 SECTIONS: dict[str, type[_Section]] = {
     "gateway": GatewayConfig,
     "source": SourceConfig,
@@ -500,6 +516,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "buffer": BufferConfig,
     "spark": SparkConfig,
     "lifecycle": LifecycleConfig,
+    "compaction": CompactionConfig,
 }
 # Sections that are absent unless written (no defaults are filled in for them).
 OPTIONAL_SECTIONS = frozenset({"upstream"})
@@ -519,6 +536,7 @@ class Config(BaseModel):
     buffer: BufferConfig
     spark: SparkConfig
     lifecycle: LifecycleConfig
+    compaction: CompactionConfig
     # The section as written; None when the file has none. `forwarding` says whether it is used.
     upstream: UpstreamConfig | None
     # The routes in effect, in config order: empty unless `forwarding`, so that `route_for`

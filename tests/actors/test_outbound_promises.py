@@ -7,7 +7,6 @@ DUP flag, packet id and Message Expiry Interval. mosquitto cannot refuse a PUBLI
 code, nor show what a client sent with DUP on QoS 0 (it disconnects it), so the fake does.
 """
 
-
 import pytest
 
 from actors.app.dead_letters import load_dead_letters
