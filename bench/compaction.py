@@ -74,7 +74,12 @@ def day_rows(batches: int, rows_per_batch: int, seed: int = 15) -> pa.Table:
         "date": pa.array([DATE] * n),
         "seq": pa.array(seq),
     }
-    return pa.table(columns, schema=READS_SCHEMA)
+    # The FX9600 fields a plain inventory read does not carry stay null.
+    arrays = [
+        columns[f.name].cast(f.type) if f.name in columns else pa.nulls(n, f.type)
+        for f in READS_SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=READS_SCHEMA)
 
 
 def land(table_dir: Path, rows: pa.Table, batches: int, rows_per_batch: int) -> float:

@@ -40,7 +40,12 @@ def reads_rows(batch_id: int, date: str, count: int, first_seq: int) -> pa.Table
         "date": [date] * count,
         "seq": seqs,
     }
-    return pa.table(columns, schema=READS_SCHEMA)
+    # Columns a read of this shape leaves null (the FX9600 fields it does not carry).
+    arrays = [
+        pa.array(columns[f.name], f.type) if f.name in columns else pa.nulls(count, f.type)
+        for f in READS_SCHEMA
+    ]
+    return pa.Table.from_arrays(arrays, schema=READS_SCHEMA)
 
 
 def land_with_pyarrow(table_dir: Path, batch_id: int, table: pa.Table) -> None:
