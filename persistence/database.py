@@ -313,21 +313,32 @@ def open_engine(path: Path, durability: str = "process", readonly: bool = False)
         cursor.close()
 
     if not readonly:
-        metadata.create_all(engine)
-        with engine.begin() as conn:
+        # The tables and their version in one transaction: the sqlite3 module commits each DDL
+        # statement on its own unless a BEGIN is explicit, and a file seen between the two (by
+        # `fxgate status` during the first start, or left by a kill then) read as version 1.
+        with engine.connect() as conn:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            metadata.create_all(conn)
             conn.exec_driver_sql(f"PRAGMA user_version = {LEDGER_VERSION}")
+            conn.exec_driver_sql("COMMIT")
     return engine
+
+
+def ledger_version(path: Path) -> int:
+    """The schema version of the ledger file at `path`, read-only (0: no file, or none of its
+    tables committed yet, as while the daemon creates it)."""
+    if not path.exists():
+        return 0
+    db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
+    try:
+        return file_version(db, "inbound")
+    finally:
+        db.close()
 
 
 def _check_readable_version(path: Path) -> None:
     """A reader of a ledger (status, the test checks) knows only the current schema."""
-    if not path.exists():
-        return
-    db = sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True)
-    try:
-        version = file_version(db, "inbound")
-    finally:
-        db.close()
+    version = ledger_version(path)
     if version > LEDGER_VERSION:
         raise _too_new(path, version, LEDGER_VERSION)
     if 0 < version < LEDGER_VERSION:

@@ -32,12 +32,12 @@ def _pid_alive(pid: int | None) -> bool:
 
 
 def _ledger(path: Path) -> dict:
-    from persistence.database import open_engine
+    from persistence.database import ledger_version, open_engine
     from persistence.ledger_store import PACK_COUNTER, LedgerStore
     from persistence.records import TABLE, UPSTREAM
 
-    if not path.exists():
-        return {"exists": False}
+    if ledger_version(path) == 0:
+        return {"exists": False}  # no ledger yet, or the daemon is creating it right now
     engine = open_engine(path, readonly=True)
     store = LedgerStore(engine, path)
     try:

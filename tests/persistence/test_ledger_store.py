@@ -11,6 +11,8 @@ from persistence.database import (
     SchemaTooNew,
     SchemaTooOld,
     check_versions,
+    ledger_version,
+    metadata,
     open_engine,
 )
 from persistence.ledger_store import LedgerStore
@@ -263,6 +265,22 @@ def test_a_reader_asks_for_the_daemon_to_migrate_a_file_of_the_previous_schema(p
     v1_file(path)
     with pytest.raises(SchemaTooOld, match="start the daemon"):
         open_engine(path, readonly=True)
+
+
+def test_a_new_ledger_is_never_seen_with_its_tables_but_without_its_version(path, monkeypatch):
+    """Seen between the two, a new file read as version 1: `fxgate status` during the daemon's
+    first start was told to migrate it, and a kill there left a file no start could open."""
+    seen = []
+    create_all = metadata.create_all
+
+    def watched(bind, *args, **kwargs):
+        create_all(bind, *args, **kwargs)
+        seen.append(ledger_version(path))  # another connection's view, before the commit
+
+    monkeypatch.setattr(metadata, "create_all", watched)
+    open_engine(path).dispose()
+    assert seen == [0]
+    assert ledger_version(path) == LEDGER_VERSION
 
 
 def test_batches_are_counted_by_state_and_the_newest_committed_is_named(store):
