@@ -10,6 +10,7 @@ same shape of test, scaled down, loses none, and the table lands everything mean
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter
 
@@ -166,7 +167,9 @@ def test_a_failing_spark_leaves_the_source_acknowledged_and_then_with_both_sinks
         assert len(first.published) == 3000
         # The upstream does not wait for the table: every read is there while Spark fails.
         messages = cloud.wait_for(3000, timeout=120)
-        assert len(messages) == 3000, gateway.status()
+        # Seen once in a loaded CI run (2,998 of 3,000, nothing in the logs): the whole status,
+        # not pytest's cut of it, so the next occurrence says where the two waited.
+        assert len(messages) == 3000, json.dumps(gateway.status(), indent=1, default=str)
         assert_upstream_got_each_once_in_order(messages, first.published)
         status = gateway.status()
         assert gateway.rows_written == 0 and spark.failed > 0
