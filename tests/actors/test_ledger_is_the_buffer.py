@@ -34,6 +34,12 @@ SHIPPED = {"max_queued_messages": 1000, "max_inflight_messages": 20}
 DROPPED = "Outgoing messages are being dropped"
 READERS = ("fx9600-01", "fx9600-02")
 TIER2_CAP = 100
+# The readers' pace in the bursts below, in total: above the field's 150 msg/s per reader that
+# issue 12 measured, and within what the gateway commits on a busy two-core box. A publisher
+# unpaced on loopback outruns any subscriber there for a moment; once the session holds more than
+# mosquitto's 1,000 queued, the broker drops (that is the broker's limit deciding, not the ledger:
+# a loaded CI run saw 197 of 3,000 dropped that way, with every sink idle).
+PACE = 1000
 
 
 class SparkDown:
@@ -108,6 +114,14 @@ def assert_table_holds_each_once(spark_session, gateway, published) -> None:
     assert result.exact, result
 
 
+def where_they_waited(gateway, source) -> str:
+    """The whole status (not pytest's cut of it) and whether the source broker dropped."""
+    dropped = DROPPED in source.output()
+    return f"source broker dropped: {dropped}\n" + json.dumps(
+        gateway.status(), indent=1, default=str
+    )
+
+
 def reads_upstream(cloud) -> int:
     return len(cloud.messages)
 
@@ -122,12 +136,12 @@ def test_an_upstream_outage_lands_every_read_in_the_table_and_forwards_each_once
         upstream.stop()  # down for the whole publishing window
         gateway = gateway_factory(source, upstream)
         # 30 times tier 2's cap, three times what mosquitto queues for a session.
-        result = simulate(source.host, source.port, readers=2, rate=0, count=1500, qos=1)
+        result = simulate(source.host, source.port, readers=2, rate=PACE, count=1500, qos=1)
         assert len(result.published) == 3000 and result.failed == 0
         # Every read is in the table before the upstream is back (seen once not to within the
         # timeout, in a loaded CI run: the whole status says where they waited).
         landed = gateway.wait_for_landed(3000, timeout=120)
-        assert landed, json.dumps(gateway.status(), indent=1, default=str)
+        assert landed, where_they_waited(gateway, source)
         assert reads_upstream(cloud) == 0
         assert DROPPED not in source.output()
         status = gateway.status()
@@ -165,13 +179,11 @@ def test_a_failing_spark_leaves_the_source_acknowledged_and_then_with_both_sinks
             FXGATE__SPARK__BACKLOG_HIGH_MESSAGES="500",
             FXGATE__SPARK__BACKLOG_LOW_MESSAGES="100",
         )
-        first = simulate(source.host, source.port, readers=2, rate=0, count=1500, qos=1)
+        first = simulate(source.host, source.port, readers=2, rate=PACE, count=1500, qos=1)
         assert len(first.published) == 3000
         # The upstream does not wait for the table: every read is there while Spark fails.
         messages = cloud.wait_for(3000, timeout=120)
-        # Seen once in a loaded CI run (2,998 of 3,000, nothing in the logs): the whole status,
-        # not pytest's cut of it, so the next occurrence says where the two waited.
-        assert len(messages) == 3000, json.dumps(gateway.status(), indent=1, default=str)
+        assert len(messages) == 3000, where_they_waited(gateway, source)
         assert_upstream_got_each_once_in_order(messages, first.published)
         status = gateway.status()
         assert gateway.rows_written == 0 and spark.failed > 0
@@ -184,7 +196,7 @@ def test_a_failing_spark_leaves_the_source_acknowledged_and_then_with_both_sinks
         # Both sinks down at once: the ledger alone holds the lot, the source goes on.
         spark.failing.set()
         upstream.stop()
-        second = simulate(source.host, source.port, readers=2, rate=0, count=1000, qos=1)
+        second = simulate(source.host, source.port, readers=2, rate=PACE, count=1000, qos=1)
         assert len(second.published) == 2000
         assert wait_until(lambda: gateway.status()["ledger"]["accepted"] >= 5000, 60)
         lag = gateway.status()["ledger"]["lag"]
