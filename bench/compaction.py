@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 DAY_BATCHES = 36_000
 ROWS_PER_BATCH = 400
-SCALE = 1 / 8
+SCALE = 1  # the whole day: 36,000 partitions
 QUICK_SCALE = 1 / 40
 RUNS = 3
 TARGET_RATIO = 2.0

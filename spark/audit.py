@@ -45,6 +45,7 @@ shows of a real FX9600 (README, "Reader health").
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import stat
@@ -60,6 +61,7 @@ from pyspark.sql import functions as F
 
 from spark.gaps import epoch_offsets, range_size
 from spark.location import Location, local_path, spark_uri
+from spark.readlock import reading
 from spark.tables import READER_EVENTS, READS, table_path
 
 log = logging.getLogger(__name__)
@@ -314,21 +316,24 @@ def audit_tables(session: SparkSession, tables_dirs: Sequence[Location]) -> Audi
     directory holds no reads table."""
     if not tables_dirs:
         raise ValueError("no tables directory to audit")
-    frames = []
-    for index, tables_dir in enumerate(tables_dirs):
-        df = read_reads(session, tables_dir)
-        if df is not None:
-            frames.append(df.withColumn(_DIR, F.lit(index)))
-        events = read_numbered_reader_events(session, tables_dir)
-        if events is not None:
-            frames.append(events.withColumn(_DIR, F.lit(index)))
-    names = tuple(str(tables_dir) for tables_dir in tables_dirs)
-    if not frames:
-        return AuditReport(names)
-    union = frames[0]
-    for df in frames[1:]:
-        union = union.unionByName(df)
-    return audit_frame(union, names, several=len(tables_dirs) > 1)
+    with contextlib.ExitStack() as held:
+        for tables_dir in tables_dirs:  # no compaction swap half way through a listing
+            held.enter_context(reading(tables_dir))
+        frames = []
+        for index, tables_dir in enumerate(tables_dirs):
+            df = read_reads(session, tables_dir)
+            if df is not None:
+                frames.append(df.withColumn(_DIR, F.lit(index)))
+            events = read_numbered_reader_events(session, tables_dir)
+            if events is not None:
+                frames.append(events.withColumn(_DIR, F.lit(index)))
+        names = tuple(str(tables_dir) for tables_dir in tables_dirs)
+        if not frames:
+            return AuditReport(names)
+        union = frames[0]
+        for df in frames[1:]:
+            union = union.unionByName(df)
+        return audit_frame(union, names, several=len(tables_dirs) > 1)
 
 
 def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) -> AuditReport:

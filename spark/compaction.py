@@ -37,11 +37,17 @@ ledger it could not read) asks `absorbed_dates` first and does not write those p
 (`without_absorbed`): what was absorbed was a whole partition (Spark's job commit renames each
 partition directory as a whole), the same rows as the replay's.
 
-Readers that *list* a date before the swap and open its files after it see files gone: Spark and
-pyarrow raise FileNotFoundError, DuckDB raises "Cannot open file"; they retry (DESIGN §7.7: Spark's
-own behaviour on a changed table). A reader that already opened a file finishes reading it (POSIX
-keeps an unlinked file's data while it is open; the grace period covers file systems that do not,
-and readers that open lazily). The README's "Compaction" says what differs on HDFS and S3.
+The swap in 2. holds the tables' read lock exclusively (spark/readlock.py): a reader that listed
+a date's batch directories before the swap and descends into them after it would find them gone,
+and Spark, pyarrow and DuckDB all pass over a vanished directory without an error, so that date
+would be silently missing from its answer. Readers holding the lock shared (`fxgate sql`, `audit`,
+`report`, and any tool run under `flock -s`) never see that; when they hold it for longer than
+`swap_wait_seconds` the date waits for the next pass. A reader without the lock that listed a
+date's files before the swap and opens them after it sees files gone (Spark and pyarrow raise
+FileNotFoundError, DuckDB "Cannot open file") and retries (DESIGN §7.7: Spark's own behaviour on a
+changed table); one that already opened a file finishes reading it (POSIX keeps an unlinked
+file's data while it is open; the grace period covers file systems that do not, and readers that
+open lazily). The README's "Compaction" says what differs on HDFS and S3.
 
 One process compacts at a time: `CompactionLock` (flock on `<tables_dir>/.compaction.lock`).
 """
@@ -68,6 +74,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from spark.readlock import SWAP_WAIT_SECONDS, swapping
 from spark.tables import BATCH_ID, DATE, DEAD_LETTERS, EVENTS, READER_EVENTS, READS
 
 logger = logging.getLogger(__name__)
@@ -426,6 +433,7 @@ class Compactor:
         target_file_bytes: int = TARGET_FILE_BYTES,
         schemas: Mapping[str, pa.Schema] | None = None,
         checkpoint: Callable[[str], None] = lambda name: None,
+        swap_wait_seconds: float = SWAP_WAIT_SECONDS,
     ) -> None:
         self._session = session
         self._tables_dir = Path(tables_dir)
@@ -434,6 +442,7 @@ class Compactor:
         self._target = target_file_bytes
         self._schemas = current_schemas() if schemas is None else dict(schemas)
         self._checkpoint = checkpoint
+        self._swap_wait = swap_wait_seconds
         session.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
 
     def run(
@@ -568,8 +577,13 @@ class Compactor:
         _fsync_dir(out_dir)
         _fsync_dir(staged)
         self._checkpoint(AFTER_WRITE_BEFORE_SWAP)
-        swap_in(staged, date_dir)
-        _fsync_dir(table_dir)
+        with swapping(self._tables_dir, self._swap_wait) as held:
+            if held:
+                swap_in(staged, date_dir)
+                _fsync_dir(table_dir)
+        if not held:
+            shutil.rmtree(staged)
+            return f"readers held the tables' read lock for {self._swap_wait:g} s"
         self._checkpoint(AFTER_SWAP_BEFORE_RETIRE)
         self._retire(table_dir, staged, date, batch_id)
         done = DateCompacted(

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from spark.readlock import reading
 from spark.tables import READS, read_table, read_table_arrow
 
 
@@ -60,12 +61,14 @@ def compare(
 
 
 def landed_ids_spark(session, tables_dir) -> tuple[list[str], list[str]]:
-    rows = read_table(session, tables_dir, READS).select("message_id", "reader_id").collect()
+    with reading(tables_dir):  # no compaction swap half way through the listing
+        rows = read_table(session, tables_dir, READS).select("message_id", "reader_id").collect()
     return [r[0] for r in rows], [r[1] for r in rows]
 
 
 def landed_ids_arrow(tables_dir) -> tuple[list[str], list[str]]:
-    table = read_table_arrow(tables_dir, READS)
+    with reading(tables_dir):
+        table = read_table_arrow(tables_dir, READS)
     if "message_id" not in table.column_names:
         return [], []
     return table.column("message_id").to_pylist(), table.column("reader_id").to_pylist()

@@ -280,6 +280,7 @@ def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool)
     Exit status 0 when nothing is missing, 1 when something is, 2 when it could not audit."""
     from spark.audit import AuditError, audit_tables, check_tables_dir
     from spark.location import parse_location
+    from spark.readlock import TablesBusy
     from spark.session import build_session, stop_session
 
     config = _load(config_path)
@@ -303,7 +304,7 @@ def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool)
             result = audit_tables(session, locations)
         finally:
             stop_session(session)
-    except AuditError as error:
+    except (AuditError, TablesBusy) as error:
         click.echo(f"fxgate audit: could not audit: {error}", err=True)
         sys.exit(2)
     except Exception as error:  # a Spark failure: the audit says nothing about the reads
@@ -341,6 +342,7 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
+    from spark.readlock import TablesBusy, reading
     from spark.session import build_session, stop_session
     from spark.sql import (
         CannotQuery,
@@ -368,16 +370,19 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
             conf={"spark.sql.debug.maxToStringFields": 100, **config.spark.conf},
         )
         try:
-            for name, why in register_tables(session, tables_dir).items():
-                click.echo(f"fxgate sql: {name} is no table, left out: {why}", err=True)
-            result = run_query(session, query, limit)
+            # Views and query under the tables' read lock: no compaction swap half way through
+            # Spark's listing (spark/readlock.py).
+            with reading(tables_dir):
+                for name, why in register_tables(session, tables_dir).items():
+                    click.echo(f"fxgate sql: {name} is no table, left out: {why}", err=True)
+                result = run_query(session, query, limit)
             lines = list(json_lines(result)) if as_json else [format_table(result)]
         finally:
             stop_session(session)
     except QueryFailed as error:
         click.echo(f"fxgate sql: query failed: {error}", err=True)
         sys.exit(1)
-    except CannotQuery as error:
+    except (CannotQuery, TablesBusy) as error:
         click.echo(f"fxgate sql: cannot query: {error}", err=True)
         sys.exit(2)
     except (PySparkException, Py4JJavaError, RuntimeError, OSError) as error:

@@ -21,8 +21,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+import spark.readlock
 import spark.session
+import spark.sql
 from actors.app.cli import main
+from spark.readlock import swapping
 from spark.schema import build_batch
 from spark.tables import DEAD_LETTERS, READS, TableWriter
 from tests.spark.test_sanitise import Record
@@ -294,6 +297,40 @@ def test_json_refuses_a_result_with_two_columns_of_one_name(in_process, config_f
     result = in_process("--config", str(config_file), "--json", "SELECT epc, epc FROM reads")
     assert result.exit_code == 1
     assert "more than one column named 'epc'" in result.stderr
+
+
+def test_the_query_runs_under_the_tables_read_lock_so_no_compaction_swap_comes_half_way(
+    in_process, config_file, data_dir, monkeypatch
+):
+    """While Spark lists and reads, a swap cannot take the lock (spark/readlock.py)."""
+    swap_could_run: list[bool] = []
+    real = spark.sql.run_query
+
+    def run_query_trying_a_swap(session, query, limit):
+        with swapping(data_dir / "tables", wait_seconds=0) as held:
+            swap_could_run.append(held)
+        return real(session, query, limit)
+
+    monkeypatch.setattr(spark.sql, "run_query", run_query_trying_a_swap)
+    result = in_process("--config", str(config_file), "SELECT count(*) AS n FROM reads")
+    assert result.exit_code == 0, result.output
+    assert swap_could_run == [False]
+    with swapping(data_dir / "tables", wait_seconds=0) as held:
+        assert held  # and let go after the query
+
+
+def test_a_swap_holding_the_read_lock_past_the_wait_exits_2(
+    in_process, config_file, data_dir, monkeypatch
+):
+    monkeypatch.setattr(spark.readlock, "READ_WAIT_SECONDS", 0.05)
+    with swapping(data_dir / "tables", wait_seconds=0) as held:
+        assert held
+        result = in_process("--config", str(config_file), "SELECT count(*) FROM reads")
+    assert result.exit_code == 2
+    assert result.stderr == (
+        f"fxgate sql: cannot query: {data_dir / 'tables' / '.swap.lock'} was held for a "
+        "compaction swap for more than 0.05 s\n"
+    )
 
 
 def test_a_missing_tables_directory_exits_2_before_any_jvm_starts(tmp_path, monkeypatch):
