@@ -8,7 +8,7 @@ must be quick and must not block (store the fact, notify a condition).
 
 from __future__ import annotations
 
-from actors.messages import BatchWritten, WriterHealth
+from actors.messages import BatchWritten, CompactionReport, WriterHealth
 
 
 class WriterListener:
@@ -19,3 +19,6 @@ class WriterListener:
 
     def writer_health(self, health: WriterHealth) -> None:
         """The writer's health changed: a failed attempt, or the first success after some."""
+
+    def compaction(self, report: CompactionReport) -> None:
+        """A compaction pass ran, failed or was put off, or the next one was scheduled."""

@@ -27,7 +27,14 @@ from actors.ledger import InboundLedger
 from actors.lifecycle import LifecycleActor, client_info
 from actors.lifecycle_sink import LedgerEventSink, SourceEventSink
 from actors.listener import WriterListener
-from actors.messages import BatchWritten, ClientsConfigured, ReplayBatch, TakeReplays, WriterHealth
+from actors.messages import (
+    BatchWritten,
+    ClientsConfigured,
+    CompactionReport,
+    ReplayBatch,
+    TakeReplays,
+    WriterHealth,
+)
 from actors.mqtt.intake import IntakeGate
 from actors.mqtt.relay import ConnectionRelay
 from actors.mqtt.upstream import UpstreamClient
@@ -161,6 +168,7 @@ class Supervisor(WriterListener):
         self.events_written = 0
         self._landed = threading.Condition(self._batch_lock)
         self._health: WriterHealth | None = None  # the writer's latest, from its thread
+        self._compaction: CompactionReport | None = None  # likewise, once compaction is on
         # Each reader's event-number counters (this gateway's intake), as of the last batch.
         self.readers: dict[str, ReaderCount] = {}
         # Each reader's health state (spark.reader_health), as of the last batch.
@@ -407,6 +415,10 @@ class Supervisor(WriterListener):
         with self._batch_lock:
             self._health = health
 
+    def compaction(self, report: CompactionReport) -> None:
+        with self._batch_lock:
+            self._compaction = report
+
     def batch_written(self, batch: BatchWritten) -> None:
         with self._landed:
             self.last_batch = batch
@@ -475,6 +487,8 @@ class Supervisor(WriterListener):
             out["last_batch"] = last
             if self._health is not None:
                 out["spark"] = asdict(self._health)
+            if self._compaction is not None:
+                out["compaction"] = asdict(self._compaction)
         out["wall_time"] = self.clock.wall()
         out["pid"] = os.getpid()
         return out

@@ -39,7 +39,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -49,7 +49,14 @@ from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
 from actors.crashpoints import crash_point, crash_soon
 from actors.listener import WriterListener
-from actors.messages import BatchWritten, Grant, PackSealed, ReplayBatch, WriterHealth
+from actors.messages import (
+    BatchWritten,
+    CompactionReport,
+    Grant,
+    PackSealed,
+    ReplayBatch,
+    WriterHealth,
+)
 from actors.tell import tell_unless_dead
 from persistence.compaction_request import done, pending_compaction_requests
 from persistence.keys import READ_KEYS
@@ -159,6 +166,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._pending = BatchCollector(batch_max_rows, batch_max_bytes)
         self._processing_timeout = processing_timeout
         self._listener = listener or WriterListener()
+        self._compaction_report = CompactionReport()
         self._read_key = READ_KEYS[idempotency_key]
         # Payload-hash ids are unique per stored message already; field ids need claims.
         self._claim_reads = idempotency_key != "payload_hash"
@@ -309,6 +317,20 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._compaction_timer = self._clock.call_later(
             delay, lambda: tell_unless_dead(self.actor_ref, _Compact())
         )
+        self._report_compaction(next_pass_time=self._clock.wall() + delay)
+
+    def _report_compaction(self, **changes) -> None:
+        self._compaction_report = replace(self._compaction_report, **changes)
+        self._listener.compaction(self._compaction_report)
+
+    def _pass_put_off(self, reason: str, why: str) -> None:
+        self._report_compaction(
+            last_outcome="skipped",
+            last_reason=reason,
+            last_time=self._clock.wall(),
+            last_seconds=None,
+            last_summary=why,
+        )
 
     def compact(self, reason: str = "asked"):
         """One pass over the closed dates; its result, or None when it could not run now."""
@@ -319,6 +341,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             return None
         if self._retry_timer is not None or self._failed is not None or self._replays:
             log.info("compaction pass (%s) deferred: a batch waits to be written first", reason)
+            self._pass_put_off(reason, "a batch waits to be written first")
             return None
         try:
             lag = self._ledger.stats().get(timeout=LEDGER_ASK_TIMEOUT)["lag"]["table"]
@@ -326,6 +349,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             log.warning(
                 "compaction pass (%s) skipped: the ledger did not answer (%r)", reason, error
             )
+            self._pass_put_off(reason, f"the ledger did not answer ({error!r})")
             return None
         boundary = closed_before(self._clock.wall(), lag["oldest_received_time"])
         compactor = Compactor(
@@ -336,13 +360,33 @@ class SparkWriterActor(pykka.ThreadingActor):
             target_file_bytes=self._compaction.target_file_bytes,
             checkpoint=crash_point,
         )
+        report = self._compaction_report
+        started = self._clock.wall()
         try:
             result = compactor.run(boundary)
         except Exception as error:  # Spark or the file system; the tables stay as they were
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             log.error("compaction pass (%s) failed: %s; the next pass tries again", reason, first)
+            self._report_compaction(
+                failed_passes=report.failed_passes + 1,
+                last_outcome="failed",
+                last_reason=reason,
+                last_time=started,
+                last_seconds=None,
+                last_summary=first,
+            )
             return None
         log.info("compaction pass (%s, dates before %s): %s", reason, boundary, result.summary())
+        self._report_compaction(
+            passes=report.passes + 1,
+            dates_compacted=report.dates_compacted + len(result.compacted),
+            last_outcome="compacted",
+            last_reason=reason,
+            last_time=started,
+            last_seconds=round(result.seconds, 3),
+            last_summary=result.summary(),
+            dates_left_open=len(result.skipped),
+        )
         return result
 
     def _replay(self, batch: ReplayBatch) -> None:

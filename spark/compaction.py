@@ -60,7 +60,6 @@ import fcntl
 import functools
 import json
 import logging
-import math
 import os
 import re
 import shutil
@@ -539,7 +538,6 @@ class Compactor:
         rows = sum(pq.ParquetFile(f).metadata.num_rows for fs in sources.values() for f in fs)
         if rows == 0:
             return "no rows"
-        in_bytes = sum(f.stat().st_size for fs in sources.values() for f in fs)
         absorbed = [n for n in dirs if n < COMPACTED_BASE]
         for n in dirs:
             if n >= COMPACTED_BASE:
@@ -551,7 +549,7 @@ class Compactor:
         if staged.exists():  # a leftover `recover` could not judge (should not happen)
             shutil.rmtree(staged)
         out_dir = staged / f"{BATCH_ID}={batch_id}"
-        files = self._write(table_dir, date_dir, schema, out_dir, in_bytes)
+        files = self._write(table_dir, {n: f for n, f in sources.items() if f}, schema, out_dir)
         written = sum(pq.ParquetFile(f).metadata.num_rows for f in files)
         if written != rows:
             shutil.rmtree(staged)
@@ -628,14 +626,38 @@ class Compactor:
         return all(name in names for name in schema.names)
 
     def _write(
-        self, table_dir: Path, date_dir: Path, schema: pa.Schema, out_dir: Path, in_bytes: int
+        self, table_dir: Path, sources: Mapping[int, list[Path]], schema: pa.Schema, out_dir: Path
     ) -> list[Path]:
+        """Write the rows of `sources` (batch id -> its files) into `out_dir`, one Spark job per
+        output file of about the target size, each over a run of consecutive batches.
+
+        One job for a whole day ran the daemon's 512m JVM out of heap (36,000 partitions,
+        925 MB: the range shuffle and sort of 14 million rows at once); a job per file reads its
+        batches in one task and streams them out, so the memory a pass needs does not grow with
+        the day. Rows keep their batch run per file, not a sort within it."""
+        runs: list[list[int]] = [[]]
+        run_bytes = 0
+        for batch_id in sorted(sources):
+            size = sum(f.stat().st_size for f in sources[batch_id])
+            if runs[-1] and run_bytes + size > self._target:
+                runs.append([])
+                run_bytes = 0
+            runs[-1].append(batch_id)
+            run_bytes += size
+        for run in runs:
+            paths = [_uri(f.parent) for batch_id in run for f in sources[batch_id][:1]]
+            self._write_run(table_dir, paths, schema, out_dir)
+        return data_files(out_dir)
+
+    def _write_run(
+        self, table_dir: Path, paths: list[str], schema: pa.Schema, out_dir: Path
+    ) -> None:
         from pyspark.sql.pandas.types import from_arrow_type
 
         df = (
             self._session.read.option("mergeSchema", "true")
             .option("basePath", _uri(table_dir))
-            .parquet(_uri(date_dir))
+            .parquet(*paths)
         )
         landing = F.col(BATCH_ID).cast("long")
         if LANDING_BATCH_ID in df.columns:
@@ -648,12 +670,7 @@ class Compactor:
             else:
                 columns.append(F.lit(None).cast(from_arrow_type(f.type)).alias(f.name))
         extra = [c for c in df.columns if c not in schema.names and c not in (DATE, BATCH_ID)]
-        df = df.select(*columns, *extra)
-        files = max(1, math.ceil(in_bytes / self._target))
-        order = [LANDING_BATCH_ID, *(["seq"] if "seq" in df.columns else [])]
-        df = df.coalesce(1) if files == 1 else df.repartitionByRange(files, LANDING_BATCH_ID)
-        df.sortWithinPartitions(*order).write.mode("overwrite").parquet(_uri(out_dir))
-        return data_files(out_dir)
+        df.select(*columns, *extra).coalesce(1).write.mode("append").parquet(_uri(out_dir))
 
 
 def _uri(path: Path) -> str:

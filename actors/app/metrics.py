@@ -534,6 +534,35 @@ def _landing(snapshot: dict) -> Iterator[Metric]:
             "Failed Spark batch attempts (each is retried).",
             spark.get("total_failures", 0),
         )
+    compaction = snapshot.get("compaction")
+    if compaction is not None:
+        yield _counter(
+            "fxgate_compaction_passes",
+            "Compaction passes that ran (whatever they found to do).",
+            compaction.get("passes", 0),
+        )
+        yield _counter(
+            "fxgate_compaction_failed_passes",
+            "Compaction passes that failed (the tables stay as they were; the next pass tries).",
+            compaction.get("failed_passes", 0),
+        )
+        yield _counter(
+            "fxgate_compaction_dates",
+            "Table dates compacted into one directory.",
+            compaction.get("dates_compacted", 0),
+        )
+        yield _gauge(
+            "fxgate_compaction_dates_left_open",
+            "Closed dates the last pass left as they were (an open batch, readers holding the "
+            "read lock); the log says why for each.",
+            compaction.get("dates_left_open", 0),
+        )
+        if compaction.get("last_seconds") is not None:
+            yield _gauge(
+                "fxgate_compaction_last_pass_seconds",
+                "How long the last compaction pass took.",
+                compaction["last_seconds"],
+            )
     last = snapshot.get("last_batch")
     if last is not None:
         yield _gauge(

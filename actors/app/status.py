@@ -196,6 +196,9 @@ def format_status(report: dict) -> str:
             f"STORAGE:    the outbound ledger cannot write ({outbound_live['storage_error']}): "
             "forwarding waits, retrying"
         )
+    compaction = daemon.get("compaction") if daemon.get("running") else None
+    if compaction:
+        lines.append(compaction_line(compaction, report["now"]))
     spark = daemon.get("spark") if daemon.get("running") else None
     if spark and spark.get("failures"):
         retry = spark.get("next_retry_time")
@@ -296,3 +299,19 @@ def _reader_lines(report: dict) -> list[str]:
                 f"(limit {report.get('reader_silent_seconds', 0):g} s)"
             )
     return lines
+
+
+def compaction_line(compaction: dict, now: float) -> str:
+    """What compaction did last and when it runs next."""
+    upcoming = compaction.get("next_pass_time")
+    due = "" if upcoming is None else f"; next pass in {max(upcoming - now, 0):.0f} s"
+    outcome = compaction.get("last_outcome")
+    if outcome is None:
+        return f"compaction: no pass yet{due}"
+    ago = max(now - (compaction.get("last_time") or now), 0)
+    return (
+        f"compaction: {compaction.get('passes', 0)} pass(es), "
+        f"{compaction.get('dates_compacted', 0)} date(s) compacted, "
+        f"{compaction.get('failed_passes', 0)} failed; last {ago:.0f} s ago "
+        f"({compaction.get('last_reason')}): {outcome}: {compaction.get('last_summary')}{due}"
+    )

@@ -102,6 +102,31 @@ def test_five_hundred_small_batches_become_one_file_per_date_with_every_row_once
     assert marker["absorbed"] == [[1, 167], [501, 501]] and marker["rows"] == 3350
 
 
+def test_a_date_bigger_than_the_target_becomes_files_of_consecutive_batch_runs(
+    spark_session, tmp_path
+):
+    """One Spark job per output file, each over a run of consecutive batches about the target
+    size: what a pass holds in memory does not grow with the day."""
+    table_dir = tmp_path / READS
+    rows = land_day(table_dir, DAYS[:1], batches=40, rows=20)
+    batch_bytes = max(f.stat().st_size for f in visible_files(table_dir))
+    compactor = Compactor(spark_session, tmp_path, target_file_bytes=10 * batch_bytes)
+    (done,) = compactor.run(closed_before=None).compacted
+    assert done.partitions == 40 and 4 <= done.files <= 5
+    runs = []
+    for path in visible_files(table_dir):
+        landing = pq.read_table(path, columns=[LANDING_BATCH_ID]).column(0).to_pylist()
+        runs.append((min(landing), max(landing), len(set(landing))))
+    # Each file holds whole batches of one run, the runs do not overlap, and they cover 1-40.
+    runs.sort()
+    assert all(last - first + 1 == count for first, last, count in runs)
+    assert [r[0] for r in runs[1:]] == [r[1] + 1 for r in runs[:-1]]
+    assert runs[0][0] == 1 and runs[-1][1] == 40
+    expected = Counter(f"m{s}" for s in range(1, rows + 1))
+    assert arrow_ids(tmp_path) == expected == duckdb_ids(tmp_path)
+    assert spark_ids(spark_session, tmp_path) == expected
+
+
 def test_a_second_pass_takes_late_batches_into_a_new_compacted_directory_and_keeps_what_it_had(
     spark_session, tmp_path
 ):
