@@ -74,13 +74,20 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from spark.readlock import SWAP_WAIT_SECONDS, swapping
-from spark.tables import BATCH_ID, DATE, DEAD_LETTERS, EVENTS, READER_EVENTS, READS
+from spark.tables import (
+    BATCH_ID,
+    DATE,
+    DEAD_LETTERS,
+    EVENTS,
+    LANDING_BATCH_ID,
+    READER_EVENTS,
+    READS,
+)
 
 logger = logging.getLogger(__name__)
 
 # Batch ids at or above this are compacted directories; below it, landing batches.
 COMPACTED_BASE = 10**15
-LANDING_BATCH_ID = "landing_batch_id"
 MARKER = ".compaction.json"
 STAGING_PREFIX = ".compacting-"
 REPLACED_PREFIX = ".replaced-"

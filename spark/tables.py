@@ -71,6 +71,9 @@ READER_EVENTS = "reader_events"
 
 DATE = "date"
 BATCH_ID = "batch_id"
+# A compacted row's landing batch (spark/compaction.py); null in landing files, where the
+# partition `batch_id` is the landing batch.
+LANDING_BATCH_ID = "landing_batch_id"
 PARTITION_COLUMNS = (DATE, BATCH_ID)
 PARTITION_SCHEMA = pa.schema([(DATE, pa.string()), (BATCH_ID, pa.int64())])
 

@@ -166,3 +166,20 @@ def test_tables_this_machine_cannot_read_are_a_clear_error_not_a_traceback(tmp_p
     assert result.exit_code == 1
     assert "cannot read the dead letters here" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
+
+
+def test_a_compacted_dead_letter_is_listed_with_the_batch_it_landed_in(spark_session, tmp_path):
+    from spark.compaction import COMPACTED_BASE, Compactor
+
+    tables = tmp_path / "data" / "tables"
+    write_dead_letters(tables, 1, [b"not json"])
+    write_dead_letters(tables, 2, [b"{}"], received=1_800_000_100.0)
+    (done,) = Compactor(spark_session, tables).run(closed_before=None).compacted
+    assert done.batch_id == COMPACTED_BASE + 1 and done.partitions == 2
+
+    result = run_cli(tmp_path)
+    assert result.exit_code == 0, result.output
+    (second,) = [line for line in result.output.splitlines() if "key2-0" in line]
+    (first,) = [line for line in result.output.splitlines() if "key1-0" in line]
+    assert "batch 2 " in second and "batch 1 " in first
+    assert str(COMPACTED_BASE) not in result.output
