@@ -190,11 +190,17 @@ def compaction_day(ctx: Context) -> dict:
         "target": {"kind": "ratio_at_most", "value": TARGET_RATIO},
         "met": ratio <= TARGET_RATIO and len(counts) == 1,
         "headline": (
-            f"{batches:,} partitions ({scale:g} of a day): before {before_median:.2f} s, after "
+            f"{batches:,} partitions ({_share({'scale': scale, 'day_batches_per_table': DAY_BATCHES})}): before {before_median:.2f} s, after "
             f"{after_median:.2f} s, one file {reference_median:.2f} s (after/one file "
             f"{ratio:.2f}); the pass {pass_seconds:.1f} s"
         ),
     }
+
+
+def _share(setup: dict) -> str:
+    if setup["scale"] == 1:
+        return "a whole day at the default batch settings"
+    return f"{setup['scale']:g} of a day's {setup['day_batches_per_table']:,}"
 
 
 def rows(result: dict) -> list[list[str]]:
@@ -203,8 +209,7 @@ def rows(result: dict) -> list[list[str]]:
         [
             "`compaction-day`",
             f"{setup['batches']:,} batch partitions of {setup['rows_per_batch']} reads "
-            f"({setup['scale']:g} of a day's {setup['day_batches_per_table']:,}; "
-            f"{setup['rows']:,} rows): Spark count + filtered count, listing included, before "
+            f"({_share(setup)}; {setup['rows']:,} rows): Spark count + filtered count, listing included, before "
             f"→ after a compaction pass ({setup['files_before']:,} → {setup['files_after']} "
             f"file(s)); baseline: the same rows in one file",
             f"{result['one_file_median']:.2f} s (one file)",
