@@ -130,6 +130,7 @@ def spark_session_factory(config: Config):
             config.spark.master,
             config.gateway.data_path / "spark",
             driver_memory=config.spark.driver_memory,
+            class_data_archive=config.spark.class_data_archive,
             # Hadoop's umask: the table files it writes on a local file system are 0600 and
             # their directories 0700, like the ledger (a setting of the file's wins).
             conf={"spark.hadoop.fs.permissions.umask-mode": "077", **config.spark.conf},

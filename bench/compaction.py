@@ -153,6 +153,7 @@ def compaction_day(ctx: Context) -> dict:
     after_median = statistics.median(a[0] for a in after)
     reference_median = statistics.median(r[0] for r in reference)
     ratio = after_median / reference_median
+    share = _share({"scale": scale, "day_batches_per_table": DAY_BATCHES})
     shutil.rmtree(work, ignore_errors=True)
     return {
         "kind": "fxgate-bench",
@@ -190,7 +191,7 @@ def compaction_day(ctx: Context) -> dict:
         "target": {"kind": "ratio_at_most", "value": TARGET_RATIO},
         "met": ratio <= TARGET_RATIO and len(counts) == 1,
         "headline": (
-            f"{batches:,} partitions ({_share({'scale': scale, 'day_batches_per_table': DAY_BATCHES})}): before {before_median:.2f} s, after "
+            f"{batches:,} partitions ({share}): before {before_median:.2f} s, after "
             f"{after_median:.2f} s, one file {reference_median:.2f} s (after/one file "
             f"{ratio:.2f}); the pass {pass_seconds:.1f} s"
         ),
@@ -209,7 +210,8 @@ def rows(result: dict) -> list[list[str]]:
         [
             "`compaction-day`",
             f"{setup['batches']:,} batch partitions of {setup['rows_per_batch']} reads "
-            f"({_share(setup)}; {setup['rows']:,} rows): Spark count + filtered count, listing included, before "
+            f"({_share(setup)}; {setup['rows']:,} rows): Spark count + filtered count, listing "
+            "included, before "
             f"→ after a compaction pass ({setup['files_before']:,} → {setup['files_after']} "
             f"file(s)); baseline: the same rows in one file",
             f"{result['one_file_median']:.2f} s (one file)",

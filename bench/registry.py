@@ -19,6 +19,7 @@ MODULES = (
     "bench.outage",
     "bench.loss",
     "bench.compaction",
+    "bench.start",
 )
 
 

@@ -25,13 +25,15 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from subprocess import TimeoutExpired
 from types import MappingProxyType
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
+
+from spark import cds
 
 logger = logging.getLogger(__name__)
 
@@ -128,11 +130,16 @@ def build_session(
     app_name: str = "fxgate",
     driver_memory: str = "512m",
     conf: Mapping[str, object] = MappingProxyType({}),
+    class_data_archive: str | Path | None = cds.AUTO,
+    java_options: Sequence[str] = (),
 ) -> SparkSession:
     """Start a SparkSession whose scratch files and logs stay under `work_dir`.
 
+    `class_data_archive`: the JVM maps that class data archive (spark/cds.py; "auto": the one
+    `make` wrote, if any; None or "": none). `java_options` are added to the driver JVM's.
     Entries of `conf` are applied last, so they override every default set here (overriding
-    `spark.driver.extraJavaOptions` drops the quiet log4j config and the private tmpdir).
+    `spark.driver.extraJavaOptions` drops the quiet log4j config, the private tmpdir and the
+    class data archive).
     Only one session per process: a second call returns the running session with
     `conf` applied only where Spark allows changing it at run time.
     """
@@ -152,6 +159,10 @@ def build_session(
         directory.mkdir(parents=True, exist_ok=True)
     log4j_file = work_dir / "log4j2.properties"
     log4j_file.write_text(_LOG4J2_PROPERTIES)
+    archive = cds.resolve(class_data_archive)
+    cds_log = work_dir / cds.LOG_FILE
+    cds_log.unlink(missing_ok=True)
+    archive_options = [] if archive is None else cds.java_options(archive, cds_log)
 
     settings: dict[str, object] = {
         "spark.ui.enabled": "false",
@@ -170,6 +181,8 @@ def build_session(
                 "-XX:+ExitOnOutOfMemoryError",
                 _java_option("java.io.tmpdir", tmp_dir),
                 _java_option("log4j2.configurationFile", log4j_file),
+                *archive_options,
+                *java_options,
             ]
         ),
         "spark.sql.session.timeZone": "UTC",
@@ -195,27 +208,42 @@ def build_session(
     started = time.perf_counter()
     session = builder.getOrCreate()
     seconds = time.perf_counter() - started
+    sharing = ""
+    if archive is not None:
+        refused = cds.archive_status(archive, cds_log)
+        if refused is None:
+            sharing = f" (class data archive {archive})"
+        else:
+            logger.warning(
+                "Spark JVM started without its class data archive %s: %s; `make` writes it "
+                "again (the JVM's account: %s)",
+                archive,
+                refused,
+                cds_log,
+            )
     if local:
-        logger.info("Spark session started: master %s in %.1f s", master, seconds)
+        logger.info("Spark session started: master %s in %.1f s%s", master, seconds, sharing)
     else:
         spark_conf = session.sparkContext.getConf()
         logger.info(
             "Spark session started: master %s, application %s, driver reachable by the "
-            "executors at %s:%s, in %.1f s",
+            "executors at %s:%s, in %.1f s%s",
             master,
             session.sparkContext.applicationId,
             spark_conf.get("spark.driver.host"),
             spark_conf.get("spark.driver.port"),
             seconds,
+            sharing,
         )
     return session
 
 
-def stop_session(session: SparkSession | None) -> None:
+def stop_session(session: SparkSession | None, exit_timeout: float = _JVM_EXIT_TIMEOUT) -> None:
     """Stop `session`, its SparkContext and the gateway JVM; a no-op when already stopped.
 
     After it returns the JVM process has exited (and was reaped), so a new `build_session`
-    in the same process starts a fresh JVM.
+    in the same process starts a fresh JVM. `exit_timeout`: seconds the JVM has to exit once
+    told to, before it is killed.
     """
     if session is not None:
         context = session.sparkContext
@@ -255,11 +283,9 @@ def stop_session(session: SparkSession | None) -> None:
     if proc.stdin is not None:
         proc.stdin.close()
     try:
-        proc.wait(timeout=_JVM_EXIT_TIMEOUT)
+        proc.wait(timeout=exit_timeout)
     except TimeoutExpired:
-        logger.warning(
-            "Spark JVM pid %s did not exit in %s s; killing it", proc.pid, _JVM_EXIT_TIMEOUT
-        )
+        logger.warning("Spark JVM pid %s did not exit in %s s; killing it", proc.pid, exit_timeout)
         proc.kill()
         proc.wait()
     logger.info("Spark session stopped")

@@ -250,6 +250,7 @@ def report(config_path: Path | None, manifest: Path) -> None:
         config.spark.master,
         config.gateway.data_path / "spark-report",
         driver_memory=config.spark.driver_memory,
+        class_data_archive=config.spark.class_data_archive,
         conf=dict(config.spark.conf),
     )
     try:
@@ -298,6 +299,7 @@ def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool)
             config.spark.master,
             config.gateway.data_path / "spark-audit",
             driver_memory=config.spark.driver_memory,
+            class_data_archive=config.spark.class_data_archive,
             conf=dict(config.spark.conf),
         )
         try:
@@ -366,6 +368,7 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
             config.spark.master,
             config.gateway.data_path / "spark-sql",
             driver_memory=config.spark.driver_memory,
+            class_data_archive=config.spark.class_data_archive,
             # reads has more columns than Spark's default 25 in a plan's text (a WARN line).
             conf={"spark.sql.debug.maxToStringFields": 100, **config.spark.conf},
         )

@@ -81,6 +81,7 @@ def compact_tables(config: Config, include_open: bool) -> str:
             config.spark.master,
             config.gateway.data_path / "spark-compact",
             driver_memory=config.spark.driver_memory,
+            class_data_archive=config.spark.class_data_archive,
             conf={"spark.hadoop.fs.permissions.umask-mode": "077", **config.spark.conf},
         )
         try:

@@ -458,6 +458,9 @@ class SparkConfig(_Section):
     backlog_low_messages: int = Field(50000, ge=0)
     backlog_high_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     driver_memory: Annotated[str, AfterValidator(_memory_size)] = "512m"
+    # The Spark JVM's class data archive (spark/cds.py): "auto" maps the one `make` wrote into
+    # the virtualenv when there is one; a path names another; "" starts without.
+    class_data_archive: str = "auto"
     conf: Annotated[dict[str, SparkConfValue], AfterValidator(_non_empty_key)] = Field(
         default_factory=dict
     )
