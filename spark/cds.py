@@ -10,11 +10,11 @@ class path maps it (`-XX:SharedArchiveFile`) instead of loading them again.
 `spark.cds_archive` runs what the daemon's Spark does (a session, a table write of every kind
 the writer lands, a read back and a query) in a JVM that dumps its classes at exit, into a
 temporary name renamed into place once complete. `build_session` (spark/session.py) adds the
-archive to the JVM's options when `[spark] class_data_archive` names one ("auto": `DEFAULT_ARCHIVE`, the one
-`make` writes into the virtualenv, when it exists). A JVM that cannot use it (another JDK, the
-jars reinstalled since, a damaged file) starts as it would without it: nothing fails, the
-session's start says so at WARNING, and `make` writes it again. The JVM's own account of it goes
-to `cds.log` in the session's work directory, never to the console.
+archive to the JVM's options when `[spark] class_data_archive` names one ("auto":
+`DEFAULT_ARCHIVE`, the one `make` writes into the virtualenv, when it exists). A JVM that cannot
+use it (another JDK, the jars reinstalled since, a damaged file) starts as it would without it:
+nothing fails, the session's start says so at WARNING, and `make` writes it again. The JVM's own
+account of it goes to `cds.log` in the session's work directory, never to the console.
 """
 
 from __future__ import annotations
