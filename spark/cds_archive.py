@@ -82,6 +82,8 @@ def make_archive(archive: Path, work_dir: Path | None = None) -> float:
             scratch_dir / "spark",
             class_data_archive=None,
             java_options=dump_options(partial, log_file),
+            # reads has more columns than Spark's default 25 in a plan's text (a WARN line).
+            conf={"spark.sql.debug.maxToStringFields": 100},
         )
         try:
             # What the daemon's Spark does in its first minutes: a batch into every table the
