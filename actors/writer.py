@@ -124,7 +124,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         session_closer: Callable[[object], None] | None = None,
         *,
         batch_max_rows: int = 20_000,
-        batch_max_seconds: float = 2.0,
+        batch_max_seconds: float = 1.0,
         batch_max_bytes: int = 8 * 1024 * 1024,
         processing_timeout: float = 20.0,
         listener: WriterListener | None = None,

@@ -165,9 +165,9 @@ def sustained_rate(batches: list[list[float]]) -> float | None:
     """Rows/s into the table from the first PUBLISH to the commit of the next-to-last batch.
 
     The last batch of a finite backlog is usually a remainder that waited out
-    `spark.batch_max_seconds` (2 s) before its job: end-to-end figures then depend on how the
-    sample size divides into jobs. Leaving that batch out measures what the Spark leg keeps up
-    while there is a backlog; both figures are reported."""
+    `spark.batch_max_seconds` (1 s by default) before its job: end-to-end figures then depend on
+    how the sample size divides into jobs. Leaving that batch out measures what the Spark leg
+    keeps up while there is a backlog; both figures are reported."""
     if len(batches) < 2:
         return None
     *before_last, _ = batches
@@ -745,7 +745,7 @@ def batched(ctx: Context, batch: int) -> dict:
     fx = used(result, "fxgate")
     result["end_to_end"] = {
         "what": "same fxgate runs: all reads / (last row in the table - first PUBLISH); the last "
-        "Spark batch usually waits out batch_max_seconds (2 s) first",
+        "Spark batch usually waits out batch_max_seconds first",
         "reads_per_second_samples": [s["reads_per_second_to_table"] for s in fx],
         "reads_per_second_median": median_of(fx, lambda s: s["reads_per_second_to_table"]),
         "seconds_median": median_of(fx, lambda s: s["table_seconds"]),
