@@ -59,12 +59,8 @@ def swap_gate_path(tables_dir: Path) -> Path:
     return Path(tables_dir) / SWAP_GATE_FILE
 
 
-def _open(path: Path, create: bool) -> int | None:
-    try:
-        return os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        if not create:
-            return None
+def _open(path: Path) -> int | None:
+    """A descriptor to lock `path` through, made if missing; None where that cannot be."""
     try:
         return os.open(path, os.O_RDONLY | os.O_CREAT, 0o644)
     except OSError:
@@ -94,8 +90,8 @@ def reading(tables_dir: Location, wait_seconds: float | None = None) -> Iterator
     Raises TablesBusy when a swap holds it past `wait_seconds` (default READ_WAIT_SECONDS)."""
     wait_seconds = READ_WAIT_SECONDS if wait_seconds is None else wait_seconds
     local = local_path(tables_dir)
-    gate = None if local is None else _open(swap_gate_path(local), create=True)
-    fd = None if local is None else _open(swap_lock_path(local), create=True)
+    gate = None if local is None else _open(swap_gate_path(local))
+    fd = None if local is None else _open(swap_lock_path(local))
     if gate is None or fd is None:
         for held in (gate, fd):
             if held is not None:

@@ -66,6 +66,29 @@ def every_reader(spark_session, tables: Path) -> dict[str, Counter]:
     }
 
 
+def assert_killed_mid_pass(doomed, point: str, spark_session, tables: Path, expected) -> None:
+    """Killed at `point`, one step of the pass left half done, and every reader still sees
+    each row once."""
+    assert doomed.proc.wait(180) == -9, doomed.output()
+    assert doomed.count_logs(f"crash point {point} reached") == 1
+    leftovers = [p.name for p in (tables / READS).iterdir() if p.name.startswith(".compacting-")]
+    assert len(leftovers) == 1
+    assert all(ids == expected for ids in every_reader(spark_session, tables).values())
+
+
+def assert_pass_finished(spark_session, tables: Path, expected) -> None:
+    """After the next pass: each row once for every reader, each date one compacted
+    directory, nothing half done, and the replaced dates waiting out their grace period."""
+    assert all(ids == expected for ids in every_reader(spark_session, tables).values())
+    names = sorted(p.name for p in (tables / READS).iterdir())
+    assert not [n for n in names if n.startswith(".compacting-")]
+    assert [n for n in names if n.startswith("date=")] == [f"date={d}" for d in DAYS]
+    for day in DAYS:
+        (directory,) = (tables / READS / f"date={day}").iterdir()
+        assert directory.name.startswith("batch_id=1000000000000")
+    assert len([n for n in names if n.startswith(".replaced-")]) == 2
+
+
 def test_compact_runs_one_pass_over_the_closed_dates_and_exits_0(commands, spark_session, tmp_path):
     data = tmp_path / "data"
     rows = land_day(data / "tables" / READS, DAYS, batches=40, rows=5)
@@ -96,25 +119,12 @@ def test_a_kill_at_a_compaction_crash_point_leaves_every_row_once_and_the_next_p
     doomed = commands({**env, "FXGATE_CRASH_AT": point}, "--include-open")
     doomed.wait_for_log(r"compacting ", timeout=120)
     doomed.remember_children()
-    assert doomed.proc.wait(180) == -9, doomed.output()
-    assert doomed.count_logs(f"crash point {point} reached") == 1
-    leftovers = [p.name for p in (tables / READS).iterdir() if p.name.startswith(".compacting-")]
-    assert len(leftovers) == 1
-    # Killed mid-pass: every reader still sees each row once.
-    assert all(ids == expected for ids in every_reader(spark_session, tables).values())
+    assert_killed_mid_pass(doomed, point, spark_session, tables, expected)
 
     survivor = commands(env)
     assert survivor.proc.wait(180) == 0, survivor.output()
     assert "1 interrupted step(s) finished" in survivor.output()
-    assert all(ids == expected for ids in every_reader(spark_session, tables).values())
-    names = sorted(p.name for p in (tables / READS).iterdir())
-    assert not [n for n in names if n.startswith(".compacting-")]
-    assert [n for n in names if n.startswith("date=")] == [f"date={d}" for d in DAYS]
-    for day in DAYS:
-        (directory,) = (tables / READS / f"date={day}").iterdir()
-        assert directory.name.startswith("batch_id=1000000000000")
-    # The replaced dates wait out their grace period, hidden.
-    assert len([n for n in names if n.startswith(".replaced-")]) == 2
+    assert_pass_finished(spark_session, tables, expected)
     assert doomed.alive_spawned() == []
 
 
@@ -130,23 +140,13 @@ def test_a_kill_inside_the_daemons_scheduled_pass_leaves_every_row_once_and_its_
     env = {**gateway_env(mosquitto, data), "FXGATE__COMPACTION__START_DELAY_SECONDS": "0"}
 
     doomed = daemon_factory({**env, "FXGATE_CRASH_AT": point})
-    assert doomed.proc.wait(180) == -9, doomed.output()
-    assert doomed.count_logs(f"crash point {point} reached") == 1
     # Swapped, not yet retired: the old date waits under the hidden staging name.
-    leftovers = [p.name for p in (tables / READS).iterdir() if p.name.startswith(".compacting-")]
-    assert len(leftovers) == 1
-    assert all(ids == expected for ids in every_reader(spark_session, tables).values())
+    assert_killed_mid_pass(doomed, point, spark_session, tables, expected)
 
     survivor = daemon_factory(env)
     survivor.wait_for_log(r"compaction pass \(.*1 interrupted step\(s\) finished", timeout=180)
     assert survivor.terminate() == 0
-    assert all(ids == expected for ids in every_reader(spark_session, tables).values())
-    names = sorted(p.name for p in (tables / READS).iterdir())
-    assert not [n for n in names if n.startswith(".compacting-")]
-    for day in DAYS:
-        (directory,) = (tables / READS / f"date={day}").iterdir()
-        assert directory.name.startswith("batch_id=1000000000000")
-    assert len([n for n in names if n.startswith(".replaced-")]) == 2
+    assert_pass_finished(spark_session, tables, expected)
 
 
 @pytest.mark.broker
