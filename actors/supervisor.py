@@ -270,6 +270,7 @@ class Supervisor(WriterListener):
                     target_file_bytes=cfg.compaction.target_file_mb * 1024 * 1024,
                     data_dir=cfg.gateway.data_path,
                 ),
+                parse_worker=cfg.spark.parse_worker,
                 **self._writer_options,
             )
             pack = self._start(

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,11 +64,13 @@ from persistence.records import TABLE, ReaderCount
 from persistence.storage_faults import StorageUnavailable
 from spark.batching import BatchCollector
 from spark.location import local_path
+from spark.parse_worker import BuildOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from spark.compaction import CompactionLock
+    from spark.parse_worker import ParseWorker, PreparedBatch
     from spark.tables import TableWriter
 
 # pyarrow, pyspark and the modules built on them (spark.schema, spark.tables) are imported in the
@@ -80,6 +82,10 @@ log = logging.getLogger(__name__)
 # How long an ask of the ledger may take before the attempt counts as failed and is retried (the
 # ledger answers within milliseconds unless it is stuck; a batch is never lost by a retry).
 LEDGER_ASK_TIMEOUT = 30.0
+
+# The parse worker is restarted after it died (out of memory, killed), the batch parsed here
+# meanwhile; after this many deaths in a row, batches are parsed here for the writer's life.
+MAX_PARSE_WORKER_DEATHS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +147,14 @@ class SparkWriterActor(pykka.ThreadingActor):
         management_topics: tuple[str, ...] = (),
         reader_health: dict[str, dict] | None = None,
         compaction: CompactionSchedule | None = None,
+        parse_worker: bool = False,
     ) -> None:
         super().__init__()
+        # True: batches are parsed in a child process (spark.parse_worker), off this process's
+        # GIL; the writer's thread waits for it with the GIL free for the intake.
+        self._use_parse_worker = parse_worker
+        self._parse_worker: ParseWorker | None = None
+        self._worker_deaths = 0
         # None: no lock and no compaction (a writer in a test of its own).
         self._compaction = compaction
         self._compaction_lock: CompactionLock | None = None
@@ -151,8 +163,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         # Each reader's health (spark.reader_health), kept like the counters below: a batch
         # observes on copies, committed with the batch. Seeded from the ledger at start.
         self._reader_health: dict[str, dict] = dict(reader_health or {})
-        # Messages on these topic filters are management events (the rest: by their shape).
-        self._management_topics = tuple(management_topics)
         # Each reader's event-number counters as committed with the last batch (spark.gaps): a
         # batch counts its reads on a copy, committed with the batch, so a replay never counts
         # twice. Seeded from the ledger at start (the recovery).
@@ -167,7 +177,8 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._processing_timeout = processing_timeout
         self._listener = listener or WriterListener()
         self._compaction_report = CompactionReport()
-        self._read_key = READ_KEYS[idempotency_key]
+        if idempotency_key not in READ_KEYS:
+            raise ValueError(f"unknown idempotency_key {idempotency_key!r}")
         # Payload-hash ids are unique per stored message already; field ids need claims.
         self._claim_reads = idempotency_key != "payload_hash"
         self._table_writer = table_writer
@@ -180,11 +191,17 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._written_bytes = 0
         self._limit = 0
         self._limit_bytes = 0
-        # Records on topics matching this filter are life-cycle events: `events` table.
-        self._events_filter = events_filter
-        # Bigger payloads, or more events in one, are dead-lettered (spark.zebra limits).
-        self._max_payload_bytes = max_payload_bytes
-        self._max_reads = max_reads_per_message
+        # How every batch is parsed (spark.schema.build_batch): records on topics matching
+        # `events_filter` are life-cycle events (`events`); those on `management_topics`,
+        # management events (the rest: by their shape); bigger payloads, or more events in one,
+        # are dead-lettered (spark.zebra limits).
+        self._build_options = BuildOptions(
+            idempotency_key=idempotency_key,
+            events_filter=events_filter,
+            max_payload_bytes=max_payload_bytes,
+            max_reads=max_reads_per_message,
+            management_filters=tuple(management_topics),
+        )
         self._deadline_timer: TimerHandle | None = None
         self._generation = 0
         self._failed: ReplayBatch | None = None  # waiting for its retry (`_retry_timer`)
@@ -205,6 +222,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         # while the Spark session starts, they wait here within the credit, and a stop that
         # comes meanwhile still lands them (the supervisor settles the ledger first).
         self._give_credit()
+        if self._use_parse_worker:
+            # Before the Spark session: the child imports pyarrow while the JVM starts.
+            self._start_parse_worker()
         from spark.tables import TableWriter, clean_staging
 
         if self._table_writer is None:
@@ -245,10 +265,28 @@ class SparkWriterActor(pykka.ThreadingActor):
             )
         self._close_session()
         self._release_compaction()
+        self._stop_parse_worker()
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         self._close_session()
         self._release_compaction()
+        self._stop_parse_worker()
+
+    @property
+    def parse_worker_pid(self) -> int | None:
+        """The parse worker's process id; None when batches are parsed in this thread."""
+        return None if self._parse_worker is None else self._parse_worker.pid
+
+    def _start_parse_worker(self) -> None:
+        from spark.parse_worker import ParseWorker
+
+        self._parse_worker = ParseWorker(self._build_options)
+        self._parse_worker.start()
+
+    def _stop_parse_worker(self) -> None:
+        if self._parse_worker is not None:
+            self._parse_worker.stop()
+            self._parse_worker = None
 
     def _release_compaction(self) -> None:
         if self._compaction_timer is not None:
@@ -432,23 +470,14 @@ class SparkWriterActor(pykka.ThreadingActor):
     # -- one batch --------------------------------------------------------------------------
 
     def _write(self, batch: ReplayBatch) -> None:
-        from spark.reader_health import observe_all
-        from spark.schema import build_batch
+        from spark.parse_worker import count_readers
         from spark.tables import DEAD_LETTERS, EVENTS, READER_EVENTS, READS
 
         assert self._tables is not None
         batch_id, records = batch.batch_id, batch.records
         started = self._clock.monotonic()
-        tables = build_batch(
-            records,
-            batch_id,
-            read_key=self._read_key,
-            events_filter=self._events_filter,
-            max_payload_bytes=self._max_payload_bytes,
-            max_reads=self._max_reads,
-            management_filters=self._management_topics,
-            known_readers=self._reader_health.keys(),
-        )
+        prepared = self._prepare(records, batch_id)
+        tables = prepared.tables
         try:
             reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
         except (StorageUnavailable, pykka.Timeout) as error:
@@ -480,8 +509,10 @@ class SparkWriterActor(pykka.ThreadingActor):
         crash_point("after_spark_job_before_mark")
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
         events = written.get(EVENTS, 0)
-        readers = self._count_readers(reads, tables.reader_events)
-        health = observe_all(self._reader_health, list(tables.observations))
+        readers = prepared.readers
+        if readers is None:  # counted here, on the reads this batch owns after its claims
+            readers = count_readers(self._readers, reads, tables.reader_events)
+        health = prepared.health
         try:
             self._ledger.commit_batch(batch_id, rows, dead, readers, health).get(
                 timeout=LEDGER_ASK_TIMEOUT
@@ -534,69 +565,39 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
         self._listener.batch_written(result)
 
-    def _count_readers(self, reads: pa.Table, reader_events: pa.Table) -> dict[str, ReaderCount]:
-        """The counters of the readers in `reads` after its events, in arrival order (the
-        table's row order is the ledger's seq order, then each message's order), with the
-        numbered management events of `reader_events` in their places: DESIGN §7.9 takes one
-        counter for both kinds, so a heartbeat's number is no gap in the tag events'."""
-        from spark.gaps import ReaderCounter
+    def _prepare(self, records: Sequence, batch_id: int) -> PreparedBatch:
+        """The batch's tables and reader accounting, from the parse worker when there is one,
+        else made here: the same `spark.parse_worker.prepare_batch` either way."""
+        from spark.parse_worker import ParseWorkerDied, prepare_batch
 
-        counters: dict[str, ReaderCounter] = {}
-        events = [
-            (seq, 0, reader_id, event_num)
-            for seq, reader_id, event_num in zip(
-                reader_events.column("seq").to_pylist(),
-                reader_events.column("reader_id").to_pylist(),
-                reader_events.column("event_num").to_pylist(),
-                strict=True,
-            )
-            if event_num is not None
-        ]
-        if events:
-            tags = [
-                (seq, 1 + index, reader_id, event_num)
-                for index, (seq, reader_id, event_num) in enumerate(
-                    zip(
-                        reads.column("seq").to_pylist(),
-                        reads.column("reader_id").to_pylist(),
-                        reads.column("event_num").to_pylist(),
-                        strict=True,
+        # With claims (field ids), the reads are counted after them, in _write.
+        readers = None if self._claim_reads else self._readers
+        worker = self._parse_worker
+        if worker is not None:
+            try:
+                prepared = worker.prepare(records, batch_id, readers, self._reader_health)
+            except ParseWorkerDied as error:
+                self._worker_deaths += 1
+                self._stop_parse_worker()
+                if self._worker_deaths < MAX_PARSE_WORKER_DEATHS:
+                    log.warning(
+                        "%s; batch %d is parsed in the writer's thread, and a new parse "
+                        "worker starts for the next",
+                        error,
+                        batch_id,
                     )
-                )
-            ]
-            merged = sorted(tags + events, key=lambda row: (row[0], row[1]))
-            reader_ids = [row[2] for row in merged]
-            event_nums = [row[3] for row in merged]
-        else:  # the common case: no management event, the reads as they are
-            reader_ids = reads.column("reader_id").to_pylist()
-            event_nums = reads.column("event_num").to_pylist()
-        for reader_id, event_num in zip(reader_ids, event_nums, strict=True):
-            counter = counters.get(reader_id)
-            if counter is None:
-                known = self._readers.get(reader_id)
-                counter = counters[reader_id] = (
-                    ReaderCounter()
-                    if known is None
-                    else ReaderCounter(
-                        known.received,
-                        known.without_event_num,
-                        known.missing,
-                        known.resets,
-                        known.last_event_num,
+                    self._start_parse_worker()
+                else:
+                    log.error(
+                        "%s (%d deaths in a row); batches are parsed in the writer's thread "
+                        "from now on: the same rows, more CPU in the daemon's process",
+                        error,
+                        self._worker_deaths,
                     )
-                )
-            counter.observe(event_num)
-        return {
-            reader_id: ReaderCount(
-                reader_id,
-                c.last_event_num,
-                c.received,
-                c.missing,
-                c.resets,
-                c.without_event_num,
-            )
-            for reader_id, c in counters.items()
-        }
+            else:
+                self._worker_deaths = 0
+                return prepared
+        return prepare_batch(records, batch_id, self._build_options, readers, self._reader_health)
 
     def _ensure_session(self) -> None:
         """A JVM that died (out of memory exits it) is started again before a retry."""

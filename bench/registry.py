@@ -20,6 +20,7 @@ MODULES = (
     "bench.loss",
     "bench.compaction",
     "bench.start",
+    "bench.parse_where",
 )
 
 

@@ -463,6 +463,9 @@ class SparkConfig(_Section):
     # The Spark JVM's class data archive (spark/cds.py): "auto" maps the one `make` wrote into
     # the virtualenv when there is one; a path names another; "" starts without.
     class_data_archive: str = "auto"
+    # Batches are parsed in a child process (spark/parse_worker.py), off the daemon's GIL, on
+    # the core the intake does not use; false parses them in the writer's thread.
+    parse_worker: bool = True
     conf: Annotated[dict[str, SparkConfValue], AfterValidator(_non_empty_key)] = Field(
         default_factory=dict
     )

@@ -2,9 +2,12 @@
 
 import dataclasses
 import json
+import os
+import signal
 import sqlite3
 import threading
 
+import psutil
 import pytest
 
 from actors.backoff import Backoff
@@ -449,3 +452,36 @@ def test_a_heartbeats_event_number_in_the_readers_counter_is_no_gap_in_its_tag_e
         assert counts == ReaderCount("r1", 4, 4, 0, 0, 0)
     finally:
         writer.stop()
+
+
+def test_a_batch_whose_parse_worker_died_lands_all_the_same_and_a_new_worker_takes_the_next(
+    ledger, clock, tmp_path, caplog
+):
+    tables = ScriptedTables([])
+    writer = start_writer(ledger, clock, tables, parse_worker=True)
+    try:
+        pid = writer.proxy().parse_worker_pid.get(timeout=30)
+        assert pid is not None
+        pack = stored_pack(ledger, 6)
+        first, second = Pack(1, pack.records[:4]), Pack(2, pack.records[4:])
+        writer.tell(PackSealed(first))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)
+        assert tables.wait_calls(1) == [(1, 4, "ok")]
+
+        os.kill(pid, signal.SIGKILL)  # our own child: the writer started it
+        psutil.Process(pid).wait(30)
+        writer.tell(PackSealed(second))
+        assert clock.wait_for_timers(1)
+        clock.advance(1.0)
+        assert tables.wait_calls(2)[1] == (2, 2, "ok")
+        writer.proxy().failures.get(timeout=5)
+        assert batch_states(tmp_path) == [(1, "committed"), (2, "committed")]
+        assert "batch 2 is parsed in the writer's thread" in caplog.text
+        new_pid = writer.proxy().parse_worker_pid.get(timeout=5)
+        assert new_pid not in (None, pid) and psutil.pid_exists(new_pid)
+        counts = ledger.proxy().recovery().get(timeout=5).readers
+        assert counts["r1"].received == 6 and counts["r1"].last_event_num == 5
+    finally:
+        writer.stop()
+    assert not psutil.pid_exists(new_pid), "stopping the writer stops its parse worker"

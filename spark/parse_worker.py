@@ -1,0 +1,344 @@
+"""ParseWorker: a batch prepared in a process of its own, so that parsing leaves the daemon's GIL.
+
+The daemon is one Python process. Its intake (paho, the inbound ledger's commits, the acks) and
+the Spark writer's parsing shared one interpreter lock: py-spy put the writer's parsing at 23-28 %
+of the GIL's samples at the ingest ceiling, and at 88 % with batched payloads, while the second
+core sat with the JVM waiting for its next job. Here the parsing runs in a child process on the
+other core: the writer's thread sends a batch's ledger records down a pipe, waits (the GIL free
+for the intake meanwhile) and reads back a `PreparedBatch`: the tables, and the per-read
+accounting that is pure work on them too (the readers' event-number counters, spark.gaps, and
+their health, spark.reader_health), from the states the writer committed with its last batch.
+
+`prepare_batch` is that work; the writer calls it itself when it has no worker, so rows,
+dead-letter reasons and counters cannot differ between the two: tests/spark/test_parse_worker.py
+runs the fuzz corpus and the real-shape payloads through both and compares.
+
+The protocol is a length-prefixed pickle each way between two processes of this program (never
+across a trust boundary): a request (the records as columns of plain values, which pickle ten
+times faster than record objects; the batch id; the options and states), a reply (the prepared
+batch, or the exception raised making it). The child exits when its stdin closes: when the
+daemon stops it, and also when the daemon is killed, so no SIGKILL leaves a parser behind.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import struct
+import subprocess
+import sys
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, BinaryIO
+
+from persistence.records import LedgerRecord, ReaderCount
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from spark.schema import BatchTables
+
+# spark.schema (pyarrow) is imported where a batch is built: the writer imports this module
+# before it starts, and pyarrow takes about a second to import (actors/writer.py).
+
+log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct("!Q")
+
+
+class ParseWorkerDied(RuntimeError):
+    """The child is gone (killed, or out of memory); the batch was not parsed."""
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """`build_batch`'s keyword arguments other than the records, the batch and the known
+    readers: fixed for a writer's life. `idempotency_key` names the read key
+    (persistence.keys.READ_KEYS) so that the child looks the function up itself."""
+
+    idempotency_key: str = "payload_hash"
+    events_filter: str | None = None
+    max_payload_bytes: int = 1024 * 1024
+    max_reads: int = 10_000
+    management_filters: tuple[str, ...] = ()
+
+    def build(
+        self, records: Sequence[LedgerRecord], batch_id: int, known_readers: Collection[str]
+    ) -> BatchTables:
+        from persistence.keys import READ_KEYS
+        from spark.schema import build_batch
+
+        return build_batch(
+            records,
+            batch_id,
+            read_key=READ_KEYS[self.idempotency_key],
+            events_filter=self.events_filter,
+            max_payload_bytes=self.max_payload_bytes,
+            max_reads=self.max_reads,
+            management_filters=self.management_filters,
+            known_readers=known_readers,
+        )
+
+
+@dataclass(frozen=True)
+class PreparedBatch:
+    """A batch ready to write: its tables (`observations` emptied: they are in `health`), the
+    readers' event-number counters after its reads (None when not asked for) and the health
+    of the readers it observed (spark.reader_health.observe_all)."""
+
+    tables: BatchTables
+    readers: dict[str, ReaderCount] | None
+    health: dict[str, dict]
+
+
+def prepare_batch(
+    records: Sequence[LedgerRecord],
+    batch_id: int,
+    options: BuildOptions,
+    readers: Mapping[str, ReaderCount] | None,
+    reader_health: Mapping[str, Mapping[str, object]],
+) -> PreparedBatch:
+    """Build the batch's tables (known readers: those of `reader_health`); count its reads on
+    `readers` (the counters committed with the last batch), unless that is None; observe its
+    messages on `reader_health`. Neither mapping is changed."""
+    from spark.reader_health import observe_all
+
+    tables = options.build(records, batch_id, reader_health.keys())
+    health = observe_all(reader_health, list(tables.observations))
+    counted = (
+        None if readers is None else count_readers(readers, tables.reads, tables.reader_events)
+    )
+    return PreparedBatch(replace(tables, observations=()), counted, health)
+
+
+def count_readers(
+    known: Mapping[str, ReaderCount], reads: pa.Table, reader_events: pa.Table
+) -> dict[str, ReaderCount]:
+    """The counters of the readers in `reads` after its events, in arrival order (the
+    table's row order is the ledger's seq order, then each message's order), with the
+    numbered management events of `reader_events` in their places: DESIGN §7.9 takes one
+    counter for both kinds, so a heartbeat's number is no gap in the tag events'. Starts from
+    `known` (reader -> its counters), which is not changed."""
+    from spark.gaps import ReaderCounter
+
+    counters: dict[str, ReaderCounter] = {}
+    events = [
+        (seq, 0, reader_id, event_num)
+        for seq, reader_id, event_num in zip(
+            reader_events.column("seq").to_pylist(),
+            reader_events.column("reader_id").to_pylist(),
+            reader_events.column("event_num").to_pylist(),
+            strict=True,
+        )
+        if event_num is not None
+    ]
+    if events:
+        tags = [
+            (seq, 1 + index, reader_id, event_num)
+            for index, (seq, reader_id, event_num) in enumerate(
+                zip(
+                    reads.column("seq").to_pylist(),
+                    reads.column("reader_id").to_pylist(),
+                    reads.column("event_num").to_pylist(),
+                    strict=True,
+                )
+            )
+        ]
+        merged = sorted(tags + events, key=lambda row: (row[0], row[1]))
+        reader_ids = [row[2] for row in merged]
+        event_nums = [row[3] for row in merged]
+    else:  # the common case: no management event, the reads as they are
+        reader_ids = reads.column("reader_id").to_pylist()
+        event_nums = reads.column("event_num").to_pylist()
+    for reader_id, event_num in zip(reader_ids, event_nums, strict=True):
+        counter = counters.get(reader_id)
+        if counter is None:
+            before = known.get(reader_id)
+            counter = counters[reader_id] = (
+                ReaderCounter()
+                if before is None
+                else ReaderCounter(
+                    before.received,
+                    before.without_event_num,
+                    before.missing,
+                    before.resets,
+                    before.last_event_num,
+                )
+            )
+        counter.observe(event_num)
+    return {
+        reader_id: ReaderCount(
+            reader_id,
+            c.last_event_num,
+            c.received,
+            c.missing,
+            c.resets,
+            c.without_event_num,
+        )
+        for reader_id, c in counters.items()
+    }
+
+
+# LedgerRecord's fields that build_batch reads, in the order of its constructor.
+_RECORD_FIELDS = (
+    "seq",
+    "message_key",
+    "topic",
+    "payload",
+    "qos",
+    "received_time",
+    "pack_id",
+    "dead_reason",
+    "expires_at",
+    "dead_sink",
+)
+
+
+def _columns(records: Sequence[object]) -> tuple[list, ...]:
+    """The records as one list per field (`dead_reason` and the fields after it are optional
+    on a record: see spark.schema.LedgerRecord; a payload may be any bytes-like object)."""
+    columns = tuple(
+        [getattr(r, name, None) for r in records] if i >= 7 else [getattr(r, name) for r in records]
+        for i, name in enumerate(_RECORD_FIELDS)
+    )
+    payloads = columns[3]
+    if not all(type(p) is bytes for p in payloads):
+        columns[3][:] = [bytes(p) for p in payloads]
+    return columns
+
+
+class ParseWorker:
+    """One child process that builds batches; `build` is a blocking call from one thread."""
+
+    def __init__(self, options: BuildOptions) -> None:
+        self.options = options
+        self._proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def start(self) -> None:
+        """Spawn the child (it imports pyarrow while the caller goes on: about 0.3 s)."""
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", __name__],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        log.info("parse worker started (pid %d)", self._proc.pid)
+
+    def prepare(
+        self,
+        records: Sequence[LedgerRecord],
+        batch_id: int,
+        readers: Mapping[str, ReaderCount] | None,
+        reader_health: Mapping[str, Mapping[str, object]],
+    ) -> PreparedBatch:
+        """`prepare_batch(records, batch_id, self.options, readers, reader_health)`, made in the
+        child; `ParseWorkerDied` if the child is gone. What prepare_batch raised in the child
+        is raised here."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise ParseWorkerDied(self._gone())
+        request = (
+            _columns(records),
+            batch_id,
+            self.options,
+            None if readers is None else dict(readers),
+            {reader: dict(state) for reader, state in reader_health.items()},
+        )
+        try:
+            _send(proc.stdin, request)
+            ok, result = _receive(proc.stdout)
+        except (OSError, EOFError, pickle.UnpicklingError) as error:
+            raise ParseWorkerDied(f"{self._gone()}: {type(error).__name__}: {error}") from None
+        if not ok:
+            raise result
+        return result
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Close its stdin (it exits), wait, and kill it if it does not."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            code = proc.wait()
+        log.info("parse worker stopped (pid %d, exit status %s)", proc.pid, code)
+
+    def _gone(self) -> str:
+        proc = self._proc
+        if proc is None:
+            return "the parse worker is not running"
+        return f"the parse worker (pid {proc.pid}) exited with status {proc.poll()}"
+
+
+def _send(pipe: BinaryIO, obj: object) -> None:
+    data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    pipe.write(_LENGTH.pack(len(data)))
+    pipe.write(data)
+    pipe.flush()
+
+
+def _receive(pipe: BinaryIO) -> object:
+    head = pipe.read(_LENGTH.size)
+    if len(head) < _LENGTH.size:
+        raise EOFError("the pipe closed")
+    (size,) = _LENGTH.unpack(head)
+    data = pipe.read(size)
+    if len(data) < size:
+        raise EOFError("the pipe closed mid-message")
+    return pickle.loads(data)
+
+
+def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+    """The child's loop: a reply per request, until the requests end."""
+    while True:
+        try:
+            columns, batch_id, options, readers, reader_health = _receive(requests)
+        except EOFError:
+            return
+        try:
+            records = [LedgerRecord(*values) for values in zip(*columns, strict=True)]
+            reply = (True, prepare_batch(records, batch_id, options, readers, reader_health))
+        except Exception as error:  # the parent raises it: the writer decides, as in-process
+            reply = (False, _portable(error))
+        _send(replies, reply)
+
+
+def _portable(error: Exception) -> Exception:
+    """`error` if it survives a pickle round trip (an exception whose __init__ takes other
+    arguments than its message does not), else a RuntimeError that names it."""
+    try:
+        pickle.loads(pickle.dumps(error))
+    except Exception:
+        return RuntimeError(f"{type(error).__name__}: {error}")
+    return error
+
+
+def main() -> None:
+    logging.basicConfig(
+        level=os.environ.get("FXGATE_PARSE_WORKER_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s parse-worker %(name)s: %(message)s",
+    )
+    # The replies own stdout: a stray print would corrupt the stream, so stdout goes to stderr.
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    serve(sys.stdin.buffer, replies)
+
+
+if __name__ == "__main__":
+    # Run as `python -m spark.parse_worker`, this file is `__main__`: what it pickles must name
+    # the classes of the module the daemon imports, so the loop runs from there.
+    from spark.parse_worker import main as imported_main
+
+    imported_main()

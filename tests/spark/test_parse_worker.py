@@ -1,0 +1,175 @@
+"""The parse worker: a batch prepared in a child process is the batch prepared in the writer's
+thread, on the fuzz corpus and the real shapes; a dead worker says so; no worker outlives the
+process that started it."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import psutil
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from persistence.records import ReaderCount
+from spark.parse_worker import (
+    BuildOptions,
+    ParseWorker,
+    ParseWorkerDied,
+    prepare_batch,
+)
+from tests.spark.test_sanitise import Record
+from tests.spark.test_zebra_fuzz import EVENTS_FILTER, MESSAGES_PER_EXAMPLE, PAYLOADS, TOPICS
+from tests.spark.test_zebra_management import envelope, live_heartbeat
+from tests.spark.test_zebra_reader_modes import SHAPES
+
+FUZZ_OPTIONS = BuildOptions(events_filter=EVENTS_FILTER, max_payload_bytes=4096, max_reads=30)
+MANAGEMENT = "zebra/fx/+/mgmt"
+TAG = (
+    b'{"data": {"idHex": "E28011606000020A1B2C3D4E", "eventNum": %d}, '
+    b'"timestamp": "2026-11-21T10:00:00.123+0000"}'
+)
+
+
+@pytest.fixture(scope="module")
+def fuzz_worker():
+    worker = ParseWorker(FUZZ_OPTIONS)
+    worker.start()
+    yield worker
+    worker.stop()
+
+
+def assert_same(here, there) -> None:
+    for name in ("reads", "dead_letters", "events", "reader_events"):
+        mine, theirs = getattr(here.tables, name), getattr(there.tables, name)
+        assert theirs.equals(mine, check_metadata=True), name
+    assert there.readers == here.readers
+    assert there.health == here.health
+
+
+@settings(
+    # 300 examples of 10 messages, each batch made in both places.
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(
+    st.lists(
+        st.tuples(TOPICS, PAYLOADS), min_size=MESSAGES_PER_EXAMPLE, max_size=MESSAGES_PER_EXAMPLE
+    )
+)
+def test_the_worker_prepares_every_fuzzed_batch_exactly_as_the_writers_thread_does(
+    fuzz_worker, messages
+):
+    records = [
+        Record(f"k{index}", topic, payload, received_time=1.7e9 + index, seq=index)
+        for index, (topic, payload) in enumerate(messages)
+    ]
+    here = prepare_batch(records, 1, FUZZ_OPTIONS, {}, {})
+    there = fuzz_worker.prepare(records, 1, {}, {})
+    assert_same(here, there)
+
+
+def test_every_reader_modes_shape_and_management_event_comes_back_with_the_same_counters():
+    options = BuildOptions(management_filters=(MANAGEMENT,))
+    records = [
+        Record(f"shape-{seq}", "zebra/fx/fx9600-01/reads", json.dumps(doc).encode(), seq=seq)
+        for seq, (doc, _) in enumerate(SHAPES.values())
+    ]
+    beat = json.dumps(live_heartbeat()).encode()
+    gpi = json.dumps(envelope("gpi", {"pin": 1, "state": "HIGH"}, eventNum=7)).encode()
+    start = len(records)
+    records += [
+        Record("beat", "zebra/fx/fx9600-01/mgmt", beat, seq=start),
+        Record("gpi", "zebra/fx/fx9600-01/mgmt", gpi, seq=start + 1),
+        Record("tag", "zebra/fx/fx9600-01/reads", TAG % 9, seq=start + 2),
+        Record("junk", "zebra/fx/fx9600-02/reads", b"{not json", seq=start + 3),
+    ]
+    readers = {"fx9600-01": ReaderCount("fx9600-01", 3, 3, 0, 0, 0)}
+    health = {"fx9600-02": {"data_messages": 4}}
+    here = prepare_batch(records, 5, options, readers, health)
+    assert here.tables.reads.num_rows > len(SHAPES)
+    assert here.tables.reader_events.num_rows == 2
+    assert here.tables.dead_letters.column("reason").to_pylist() == ["invalid_json"]
+    assert set(here.health) == {"fx9600-01", "fx9600-02"}
+    assert here.readers["fx9600-01"].received > 3
+
+    worker = ParseWorker(options)
+    worker.start()
+    try:
+        there = worker.prepare(records, 5, readers, health)
+        without_counting = worker.prepare(records, 5, None, health)
+    finally:
+        worker.stop()
+    assert_same(here, there)
+    assert without_counting.readers is None
+    assert not there.tables.observations  # they are in `health`
+
+
+def test_an_exception_in_the_child_is_raised_in_the_parent_as_itself():
+    worker = ParseWorker(BuildOptions(idempotency_key="no-such-key"))
+    worker.start()
+    try:
+        with pytest.raises(KeyError, match="no-such-key"):
+            worker.prepare([Record("k", "zebra/fx/r1/reads", TAG % 1)], 1, {}, {})
+        # ... and the worker goes on with the next batch.
+        worker.options = BuildOptions()
+        assert worker.prepare([Record("k", "zebra/fx/r1/reads", TAG % 1)], 1, {}, {}).tables
+    finally:
+        worker.stop()
+
+
+def test_a_killed_worker_is_reported_as_dead_with_its_exit_status():
+    worker = ParseWorker(BuildOptions())
+    worker.start()
+    pid = worker.pid
+    try:
+        os.kill(pid, signal.SIGKILL)
+        psutil.Process(pid).wait(30)
+        with pytest.raises(ParseWorkerDied, match=f"pid {pid}"):
+            worker.prepare([Record("k", "zebra/fx/r1/reads", TAG % 1)], 1, {}, {})
+    finally:
+        worker.stop()
+    assert not psutil.pid_exists(pid)
+
+
+def test_stop_ends_the_worker_and_the_worker_ends_when_its_parent_is_killed(tmp_path):
+    worker = ParseWorker(BuildOptions())
+    worker.start()
+    pid = worker.pid
+    worker.stop()
+    assert not psutil.pid_exists(pid)
+
+    # A parent killed with SIGKILL: its worker reads the end of its stdin and exits.
+    script = textwrap.dedent(
+        """
+        import sys
+        from spark.parse_worker import BuildOptions, ParseWorker
+        worker = ParseWorker(BuildOptions())
+        worker.start()
+        print(worker.pid, flush=True)
+        sys.stdin.read()
+        """
+    )
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    child = None
+    try:
+        child = psutil.Process(int(parent.stdout.readline()))
+        parent.kill()
+        parent.wait(30)
+        # It exits by itself (no one signals it); wait_procs returns those still alive.
+        _, alive = psutil.wait_procs([child], timeout=30)
+        assert not alive, f"the worker {child.pid} outlived its killed parent"
+    finally:
+        parent.kill()
+        parent.wait(30)
+        if child is not None and child.is_running():
+            child.kill()
