@@ -39,6 +39,7 @@ from __future__ import annotations
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,13 +65,13 @@ from persistence.records import TABLE, ReaderCount
 from persistence.storage_faults import StorageUnavailable
 from spark.batching import BatchCollector
 from spark.location import local_path
-from spark.parse_worker import BuildOptions
+from spark.parse_worker import BuildOptions, ParseWorker
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
     from spark.compaction import CompactionLock
-    from spark.parse_worker import ParseWorker, PreparedBatch
+    from spark.parse_worker import PreparedBatch
     from spark.tables import TableWriter
 
 # pyarrow, pyspark and the modules built on them (spark.schema, spark.tables) are imported in the
@@ -87,6 +88,15 @@ LEDGER_ASK_TIMEOUT = 30.0
 # meanwhile; after this many deaths in a row, batches are parsed here for the writer's life.
 MAX_PARSE_WORKER_DEATHS = 3
 
+# Batches begun and handed to the parse worker but not yet written, at most: the writer writes
+# the oldest to Spark while the worker parses the next (two batches' records and tables in
+# memory, each within batch_max_rows / batch_max_bytes).
+PIPELINE_DEPTH = 2
+
+# A parse that takes longer than this counts as a dead worker (the batch is parsed here): a
+# batch parses in well under a second (bench parse-where).
+PARSE_TIMEOUT = 120.0
+
 
 @dataclass(frozen=True, slots=True)
 class _Deadline:
@@ -96,6 +106,21 @@ class _Deadline:
 @dataclass(frozen=True, slots=True)
 class _Retry:
     pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    """The parse worker resolved a submitted batch's future (the oldest may now be written)."""
+
+
+@dataclass(slots=True)
+class _InFlight:
+    """A begun batch handed to the parse worker and not yet written."""
+
+    batch: ReplayBatch
+    future: Future
+    worker: ParseWorker
+    submitted: float  # the clock's monotonic time
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,6 +180,10 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._use_parse_worker = parse_worker
         self._parse_worker: ParseWorker | None = None
         self._worker_deaths = 0
+        # Batches in the worker's hands, oldest first (PIPELINE_DEPTH), and whether a flush
+        # waited for room among them.
+        self._in_flight: deque[_InFlight] = deque()
+        self._flush_wanted = False
         # None: no lock and no compaction (a writer in a test of its own).
         self._compaction = compaction
         self._compaction_lock: CompactionLock | None = None
@@ -257,7 +286,9 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         if self._failed is None:
+            self._land_in_flight()
             self._flush()
+            self._land_in_flight()
         else:
             log.warning(
                 "stopping with batch %d unwritten; the next start replays it",
@@ -271,6 +302,23 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._close_session()
         self._release_compaction()
         self._stop_parse_worker()
+
+    def _worker_died(self, error: Exception, batch_id: int) -> None:
+        """The worker died with batch `batch_id` (parsed here instead): a new one for the
+        batches after it, or none after MAX_PARSE_WORKER_DEATHS in a row."""
+        self._worker_deaths += 1
+        self._stop_parse_worker()
+        if self._worker_deaths < MAX_PARSE_WORKER_DEATHS:
+            log.warning("%s; a new parse worker starts and parses batch %d again", error, batch_id)
+            self._start_parse_worker()
+        else:
+            log.error(
+                "%s (%d deaths in a row); batch %d and the ones after it are parsed in the "
+                "writer's thread from now on: the same rows, more CPU in the daemon's process",
+                error,
+                self._worker_deaths,
+                batch_id,
+            )
 
     @property
     def parse_worker_pid(self) -> int | None:
@@ -318,6 +366,8 @@ class SparkWriterActor(pykka.ThreadingActor):
             if message.generation == self._generation:
                 self._deadline_timer = None
                 self._flush()
+        elif isinstance(message, _Prepared):
+            self._land_ready()
         elif isinstance(message, ReplayBatch):
             if self._retry_timer is not None:
                 self._replays.append(message)  # after the one that waits, in order
@@ -330,6 +380,8 @@ class SparkWriterActor(pykka.ThreadingActor):
                 log.info("retrying batch %d (attempt %d)", failed.batch_id, self.failures + 1)
                 self._ensure_session()
                 self._write(failed)
+            if self._retry_timer is None:
+                self._land_ready()
             while self._replays and self._retry_timer is None:
                 self._replay(self._replays.popleft())
             if self._retry_timer is None:
@@ -374,6 +426,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         """One pass over the closed dates; its result, or None when it could not run now."""
         from spark.compaction import Compactor, closed_before
 
+        self._land_in_flight()  # a pass runs between batches, never beside one
         if self._compaction_lock is None or self._local_tables is None:
             log.warning("compaction pass (%s) skipped: the tables are not ours to compact", reason)
             return None
@@ -428,6 +481,10 @@ class SparkWriterActor(pykka.ThreadingActor):
         return result
 
     def _replay(self, batch: ReplayBatch) -> None:
+        self._land_in_flight()  # the batches begun before it go first
+        if self._retry_timer is not None:
+            self._replays.append(batch)
+            return
         log.info("replaying batch %d (%d messages)", batch.batch_id, len(batch.records))
         self._write(batch)
 
@@ -452,6 +509,10 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._generation += 1
         if not self._pending or self._retry_timer is not None:
             return
+        if len(self._in_flight) >= PIPELINE_DEPTH:
+            self._flush_wanted = True  # when the oldest is written (_land_ready)
+            return
+        self._flush_wanted = False
         packs = self._pending.take()
         records = tuple(r for p in packs for r in p.records)
         try:
@@ -465,18 +526,83 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._schedule_retry(None, error, len(records))
             return
         crash_point("after_batch_begin_before_job")
-        self._write(ReplayBatch(batch_id, records, credited=True))
+        batch = ReplayBatch(batch_id, records, credited=True)
+        if self._pipelined():
+            self._submit(batch)
+        else:
+            self._write(batch)
+
+    # -- the pipeline: Spark writes one batch while the parse worker parses the next ----------
+
+    def _pipelined(self) -> bool:
+        # With claims (field ids) a batch's reads are counted after its claims, so the next
+        # batch cannot start from its counters before it is written: one at a time.
+        return self._parse_worker is not None and not self._claim_reads
+
+    def _submit(self, batch: ReplayBatch) -> None:
+        from spark.parse_worker import After, Committed
+
+        worker = self._parse_worker
+        assert worker is not None
+        # The states after the batch before it: the worker's own, from its prepare (the batch
+        # commits with exactly those), or the committed ones when nothing is in flight.
+        base = (
+            After(self._in_flight[-1].batch.batch_id)
+            if self._in_flight
+            else Committed(self._readers, self._reader_health)
+        )
+        future = worker.submit(batch.records, batch.batch_id, base)
+        self._in_flight.append(_InFlight(batch, future, worker, self._clock.monotonic()))
+        future.add_done_callback(lambda _: tell_unless_dead(self.actor_ref, _Prepared()))
+
+    def _land_ready(self) -> None:
+        """Write the in-flight batches whose parse is done, oldest first, while no retry is
+        due; then the flush that waited for room, if any."""
+        while self._in_flight and self._in_flight[0].future.done():
+            if self._retry_timer is not None:
+                return
+            self._land_oldest()
+        if self._flush_wanted and self._retry_timer is None:
+            self._flush()
+
+    def _land_in_flight(self) -> None:
+        """Write every in-flight batch, waiting for its parse (a stop, a replay, a pass)."""
+        while self._in_flight and self._retry_timer is None:
+            self._land_oldest()
+
+    def _land_oldest(self) -> None:
+        from spark.parse_worker import ChainBroken, ParseWorkerDied
+
+        flight = self._in_flight.popleft()
+        batch = flight.batch
+        try:
+            prepared = flight.future.result(timeout=PARSE_TIMEOUT)
+        except (ParseWorkerDied, ChainBroken, TimeoutError) as error:
+            # The oldest batch starts from the committed states: made again, here or anew.
+            if isinstance(error, ChainBroken):
+                log.info("batch %d parsed again (%s)", batch.batch_id, error)
+            elif flight.worker is self._parse_worker:
+                self._worker_died(error, batch.batch_id)
+            self._write(batch)
+            return
+        self._worker_deaths = 0
+        self._land(batch, prepared, flight.submitted)
 
     # -- one batch --------------------------------------------------------------------------
 
     def _write(self, batch: ReplayBatch) -> None:
+        """Prepare (parse) a batch and land it: one at a time, waiting for the parse."""
+        started = self._clock.monotonic()
+        self._land(batch, self._prepare(batch.records, batch.batch_id), started)
+
+    def _land(self, batch: ReplayBatch, prepared: PreparedBatch, started: float) -> None:
+        """Write a prepared batch to Spark and commit it in the ledger; on a failure the batch
+        waits for its retry (`_failed`), and the batches after it wait behind it."""
         from spark.parse_worker import count_readers
         from spark.tables import DEAD_LETTERS, EVENTS, READER_EVENTS, READS
 
         assert self._tables is not None
         batch_id, records = batch.batch_id, batch.records
-        started = self._clock.monotonic()
-        prepared = self._prepare(records, batch_id)
         tables = prepared.tables
         try:
             reads = self._owned_reads(batch_id, tables.reads) if self._claim_reads else tables.reads
@@ -568,32 +694,19 @@ class SparkWriterActor(pykka.ThreadingActor):
     def _prepare(self, records: Sequence, batch_id: int) -> PreparedBatch:
         """The batch's tables and reader accounting, from the parse worker when there is one,
         else made here: the same `spark.parse_worker.prepare_batch` either way."""
-        from spark.parse_worker import ParseWorkerDied, prepare_batch
+        from spark.parse_worker import Committed, ParseWorkerDied, prepare_batch
 
         # With claims (field ids), the reads are counted after them, in _write.
         readers = None if self._claim_reads else self._readers
         worker = self._parse_worker
         if worker is not None:
+            future = worker.submit(records, batch_id, Committed(readers, self._reader_health))
             try:
-                prepared = worker.prepare(records, batch_id, readers, self._reader_health)
-            except ParseWorkerDied as error:
-                self._worker_deaths += 1
-                self._stop_parse_worker()
-                if self._worker_deaths < MAX_PARSE_WORKER_DEATHS:
-                    log.warning(
-                        "%s; batch %d is parsed in the writer's thread, and a new parse "
-                        "worker starts for the next",
-                        error,
-                        batch_id,
-                    )
-                    self._start_parse_worker()
-                else:
-                    log.error(
-                        "%s (%d deaths in a row); batches are parsed in the writer's thread "
-                        "from now on: the same rows, more CPU in the daemon's process",
-                        error,
-                        self._worker_deaths,
-                    )
+                prepared = future.result(timeout=PARSE_TIMEOUT)
+            except (ParseWorkerDied, TimeoutError) as error:
+                self._worker_died(error, batch_id)
+                if self._parse_worker is not None:
+                    return self._prepare(records, batch_id)
             else:
                 self._worker_deaths = 0
                 return prepared

@@ -70,11 +70,17 @@ class CpuSnapshot:
         for t in me.threads():
             role = names.get(t.id, "other (py4j/sqlite/native)")
             self.threads[role] = self.threads.get(role, 0.0) + t.user_time + t.system_time
+        # The children: the Spark JVM, and the writer's parse worker (spark.parse_worker; one
+        # per run, reaped at its end: its time then moves into this process's children_*).
         self.jvm = 0.0
+        self.parse_worker = times.children_user + times.children_system
         for child in me.children(recursive=True):
             try:
                 ct = child.cpu_times()
-                self.jvm += ct.user + ct.system
+                if child.name().startswith("java"):
+                    self.jvm += ct.user + ct.system
+                else:
+                    self.parse_worker += ct.user + ct.system
             except psutil.NoSuchProcess:
                 pass
         self.broker = None
@@ -99,6 +105,7 @@ class CpuSnapshot:
             "python_threads_cpu_seconds": threads,
             "jvm_cpu_seconds": round(self.jvm - earlier.jvm, 3),
             "jvm_cores": round((self.jvm - earlier.jvm) / seconds, 3),
+            "parse_worker_cpu_seconds": round(self.parse_worker - earlier.parse_worker, 3),
         }
         if self.broker is not None and earlier.broker is not None:
             out["broker_cpu_seconds"] = round(self.broker - earlier.broker, 3)

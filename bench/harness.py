@@ -82,6 +82,8 @@ class LoadMeter:
             try:
                 times = process.cpu_times()
                 tree += times.user + times.system
+                if process is not me:  # what it reaped (a gateway worker's parse workers)
+                    tree += times.children_user + times.children_system
             except psutil.NoSuchProcess:
                 continue
         reaped = os.times()

@@ -25,10 +25,14 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import struct
 import subprocess
 import sys
+import threading
+from collections import deque
 from collections.abc import Collection, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, BinaryIO
 
@@ -208,12 +212,47 @@ def _columns(records: Sequence[object]) -> tuple[list, ...]:
     return columns
 
 
+class ChainBroken(RuntimeError):
+    """The worker does not hold the states after the batch a request follows (it restarted
+    since): the request must be made again from the committed states."""
+
+
+@dataclass(frozen=True)
+class After:
+    """A request's starting states: those after batch `batch_id`, prepared by this worker and
+    not yet committed by the writer (a pipelined batch)."""
+
+    batch_id: int
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A request's starting states: the ones the writer committed with its last batch.
+    `readers` None: the reads are not counted (the writer counts them after its claims)."""
+
+    readers: Mapping[str, ReaderCount] | None
+    reader_health: Mapping[str, Mapping[str, object]]
+
+
+# How many batches' states the child keeps for requests that follow them (After).
+_CHAIN_KEPT = 8
+
+
 class ParseWorker:
-    """One child process that builds batches; `build` is a blocking call from one thread."""
+    """One child process that prepares batches, in the order they are submitted.
+
+    `submit` hands a batch over and returns at once with a Future (a sender thread writes the
+    request, a receiver thread resolves the futures in order), so the caller can write one batch
+    to Spark while the child parses the next; `prepare` is submit-and-wait."""
 
     def __init__(self, options: BuildOptions) -> None:
         self.options = options
         self._proc: subprocess.Popen | None = None
+        self._lock = threading.Lock()
+        self._waiting: deque[Future] = deque()  # submitted, reply not yet read; in order
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._threads: list[threading.Thread] = []
+        self._dead: str | None = None
 
     @property
     def pid(self) -> int | None:
@@ -221,13 +260,47 @@ class ParseWorker:
 
     def start(self) -> None:
         """Spawn the child (it imports pyarrow while the caller goes on: about 0.3 s)."""
-        self._proc = subprocess.Popen(
+        self._proc = proc = subprocess.Popen(
             [sys.executable, "-m", __name__],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
         )
-        log.info("parse worker started (pid %d)", self._proc.pid)
+        self._dead = None
+        self._threads = [
+            threading.Thread(
+                target=self._send_requests, args=(proc,), name="parse-worker-send", daemon=True
+            ),
+            threading.Thread(
+                target=self._read_replies, args=(proc,), name="parse-worker-read", daemon=True
+            ),
+        ]
+        for thread in self._threads:
+            thread.start()
+        log.info("parse worker started (pid %d)", proc.pid)
+
+    def submit(
+        self, records: Sequence[LedgerRecord], batch_id: int, base: After | Committed
+    ) -> Future:
+        """A Future of the batch's PreparedBatch, made in the child from `base`; it fails with
+        `ParseWorkerDied` if the child goes first, `ChainBroken` if `base` is an After the
+        child does not hold, or with what prepare_batch raised in the child."""
+        if isinstance(base, Committed):
+            base = Committed(
+                None if base.readers is None else dict(base.readers),
+                {reader: dict(state) for reader, state in base.reader_health.items()},
+            )
+        data = pickle.dumps(
+            (_columns(records), batch_id, self.options, base), protocol=pickle.HIGHEST_PROTOCOL
+        )
+        future: Future = Future()
+        with self._lock:
+            if self._proc is None or self._dead is not None:
+                future.set_exception(ParseWorkerDied(self._dead or self._gone()))
+                return future
+            self._waiting.append(future)
+            self._requests.put(data)
+        return future
 
     def prepare(
         self,
@@ -237,49 +310,78 @@ class ParseWorker:
         reader_health: Mapping[str, Mapping[str, object]],
     ) -> PreparedBatch:
         """`prepare_batch(records, batch_id, self.options, readers, reader_health)`, made in the
-        child; `ParseWorkerDied` if the child is gone. What prepare_batch raised in the child
-        is raised here."""
-        proc = self._proc
-        if proc is None or proc.poll() is not None:
-            raise ParseWorkerDied(self._gone())
-        request = (
-            _columns(records),
-            batch_id,
-            self.options,
-            None if readers is None else dict(readers),
-            {reader: dict(state) for reader, state in reader_health.items()},
-        )
-        try:
-            _send(proc.stdin, request)
-            ok, result = _receive(proc.stdout)
-        except (OSError, EOFError, pickle.UnpicklingError) as error:
-            raise ParseWorkerDied(f"{self._gone()}: {type(error).__name__}: {error}") from None
-        if not ok:
-            raise result
-        return result
+        child and waited for; raises as `submit`'s Future does."""
+        return self.submit(records, batch_id, Committed(readers, reader_health)).result()
 
     def stop(self, timeout: float = 10.0) -> None:
-        """Close its stdin (it exits), wait, and kill it if it does not."""
+        """Close its stdin (it exits), wait, and kill it if it does not. Futures not yet
+        resolved fail with ParseWorkerDied."""
         proc, self._proc = self._proc, None
         if proc is None:
             return
-        for pipe in (proc.stdin, proc.stdout):
-            try:
-                pipe.close()
-            except OSError:
-                pass
+        self._requests.put(None)  # the sender closes the child's stdin
+        for thread in self._threads:
+            thread.join(timeout)
         try:
             code = proc.wait(timeout)
         except subprocess.TimeoutExpired:
             proc.kill()
             code = proc.wait()
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        self._fail_waiting(f"the parse worker (pid {proc.pid}) was stopped")
         log.info("parse worker stopped (pid %d, exit status %s)", proc.pid, code)
 
-    def _gone(self) -> str:
-        proc = self._proc
+    def _send_requests(self, proc: subprocess.Popen) -> None:
+        while (data := self._requests.get()) is not None:
+            try:
+                proc.stdin.write(_LENGTH.pack(len(data)))
+                proc.stdin.write(data)
+                proc.stdin.flush()
+            except OSError as error:
+                # The child is gone; the receiver fails what waits. Drain the queue until stop.
+                log.debug("parse worker request not sent: %r", error)
+        try:
+            proc.stdin.close()
+        except OSError:
+            pass
+
+    def _read_replies(self, proc: subprocess.Popen) -> None:
+        while True:
+            try:
+                ok, result = _receive(proc.stdout)
+            except (OSError, EOFError, pickle.UnpicklingError, ValueError) as error:
+                if self._proc is proc:  # not a stop: the child died
+                    self._fail_waiting(f"{self._gone(proc)}: {type(error).__name__}: {error}")
+                return
+            with self._lock:
+                future = self._waiting.popleft()
+            if ok:
+                future.set_result(result)
+            else:
+                future.set_exception(result)
+
+    def _fail_waiting(self, why: str) -> None:
+        with self._lock:
+            self._dead = why
+            waiting, self._waiting = list(self._waiting), deque()
+        for future in waiting:
+            future.set_exception(ParseWorkerDied(why))
+
+    def _gone(self, proc: subprocess.Popen | None = None) -> str:
+        proc = proc or self._proc
         if proc is None:
             return "the parse worker is not running"
-        return f"the parse worker (pid {proc.pid}) exited with status {proc.poll()}"
+        code = proc.poll()
+        if code is None:
+            try:
+                code = proc.wait(1.0)
+            except subprocess.TimeoutExpired:
+                return f"the parse worker (pid {proc.pid}) stopped answering"
+        return f"the parse worker (pid {proc.pid}) exited with status {code}"
 
 
 def _send(pipe: BinaryIO, obj: object) -> None:
@@ -301,15 +403,30 @@ def _receive(pipe: BinaryIO) -> object:
 
 
 def serve(requests: BinaryIO, replies: BinaryIO) -> None:
-    """The child's loop: a reply per request, until the requests end."""
+    """The child's loop: a reply per request, until the requests end. It keeps the states after
+    each of the last batches it prepared, for the requests that follow them (After)."""
+    after: dict[int, tuple[dict | None, dict]] = {}
     while True:
         try:
-            columns, batch_id, options, readers, reader_health = _receive(requests)
+            columns, batch_id, options, base = _receive(requests)
         except EOFError:
             return
         try:
+            if isinstance(base, After):
+                if base.batch_id not in after:
+                    raise ChainBroken(f"no states after batch {base.batch_id} here")
+                readers, health = after[base.batch_id]
+            else:
+                readers, health = base.readers, base.reader_health
             records = [LedgerRecord(*values) for values in zip(*columns, strict=True)]
-            reply = (True, prepare_batch(records, batch_id, options, readers, reader_health))
+            prepared = prepare_batch(records, batch_id, options, readers, health)
+            after[batch_id] = (
+                None if readers is None else {**readers, **prepared.readers},
+                {**health, **prepared.health},
+            )
+            while len(after) > _CHAIN_KEPT:
+                del after[next(iter(after))]
+            reply = (True, prepared)
         except Exception as error:  # the parent raises it: the writer decides, as in-process
             reply = (False, _portable(error))
         _send(replies, reply)

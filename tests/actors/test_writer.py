@@ -477,7 +477,7 @@ def test_a_batch_whose_parse_worker_died_lands_all_the_same_and_a_new_worker_tak
         assert tables.wait_calls(2)[1] == (2, 2, "ok")
         writer.proxy().failures.get(timeout=5)
         assert batch_states(tmp_path) == [(1, "committed"), (2, "committed")]
-        assert "batch 2 is parsed in the writer's thread" in caplog.text
+        assert "a new parse worker starts and parses batch 2 again" in caplog.text
         new_pid = writer.proxy().parse_worker_pid.get(timeout=5)
         assert new_pid not in (None, pid) and psutil.pid_exists(new_pid)
         counts = ledger.proxy().recovery().get(timeout=5).readers
@@ -485,3 +485,96 @@ def test_a_batch_whose_parse_worker_died_lands_all_the_same_and_a_new_worker_tak
     finally:
         writer.stop()
     assert not psutil.pid_exists(new_pid), "stopping the writer stops its parse worker"
+
+
+class GatedTables(ScriptedTables):
+    """Holds the first write until `release` is set, telling `holding` meanwhile."""
+
+    def __init__(self, script=()):
+        super().__init__(script)
+        self.holding = threading.Event()
+        self.release = threading.Event()
+
+    def write_batch(self, batch_id, tables):
+        if not self.holding.is_set():
+            self.holding.set()
+            assert self.release.wait(30), "never released"
+        return super().write_batch(batch_id, tables)
+
+
+def four_packs(ledger, count=12):
+    """`count` stored messages of reader r1 (eventNum 0, 1, ...) as packs of four."""
+    records = stored_pack(ledger, count).records
+    return [Pack(n + 1, records[i : i + 4]) for n, i in enumerate(range(0, count, 4))]
+
+
+def test_the_next_batch_is_begun_and_parsed_while_spark_writes_one_and_no_more_than_two_wait(
+    ledger, clock, tmp_path
+):
+    tables = GatedTables()
+    writer = start_writer(ledger, clock, tables, parse_worker=True, batch_max_rows=4)
+    try:
+        for pack in four_packs(ledger):
+            writer.tell(PackSealed(pack))
+        assert tables.holding.wait(30)
+        # Spark holds batch 1; batch 2 was begun and handed to the worker behind it; the third
+        # full pack waits in the writer (PIPELINE_DEPTH 2), not yet a batch.
+        assert wait_until(lambda: len(batch_states(tmp_path)) == 2, timeout=10)
+        assert batch_states(tmp_path) == [(1, "writing"), (2, "writing")]
+        tables.release.set()
+        calls = tables.wait_calls(3)
+        assert [(b, rows) for b, rows, _ in calls] == [(1, 4), (2, 4), (3, 4)]
+        writer.proxy().failures.get(timeout=5)
+        assert batch_states(tmp_path) == [(b, "committed") for b in (1, 2, 3)]
+        # Each batch counted on from the one before it, though parsed before it was written.
+        counts = ledger.proxy().recovery().get(timeout=5).readers["r1"]
+        assert (counts.received, counts.last_event_num, counts.missing) == (12, 11, 0)
+    finally:
+        tables.release.set()
+        writer.stop()
+
+
+def test_a_failed_batch_keeps_the_batch_parsed_behind_it_waiting_and_both_land_in_order(
+    ledger, clock, tmp_path
+):
+    tables = ScriptedTables(["fail", "ok", "ok"])
+    writer = start_writer(
+        ledger,
+        clock,
+        tables,
+        parse_worker=True,
+        batch_max_rows=4,
+        retry_backoff=Backoff(5.0, 60.0, 0.0),
+    )
+    try:
+        first, second, _ = four_packs(ledger)
+        writer.tell(PackSealed(first))
+        writer.tell(PackSealed(second))
+        tables.wait_calls(1)
+        assert writer.proxy().failures.get(timeout=5) == 1
+        assert batch_states(tmp_path) == [(1, "writing"), (2, "writing")]
+        assert len(tables.calls) == 1  # batch 2 is parsed, and waits behind batch 1
+        clock.advance(5.0)
+        calls = tables.wait_calls(3)
+        assert [(b, rows, step) for b, rows, step in calls] == [
+            (1, 4, "fail"),
+            (1, 4, "ok"),
+            (2, 4, "ok"),
+        ]
+        writer.proxy().failures.get(timeout=5)
+        assert batch_states(tmp_path) == [(1, "committed"), (2, "committed")]
+        assert ledger.proxy().recovery().get(timeout=5).readers["r1"].received == 8
+    finally:
+        writer.stop()
+
+
+def test_a_stop_lands_the_batches_in_the_workers_hands_and_then_stops_it(ledger, clock, tmp_path):
+    tables = ScriptedTables([])
+    writer = start_writer(ledger, clock, tables, parse_worker=True, batch_max_rows=4)
+    pid = writer.proxy().parse_worker_pid.get(timeout=30)
+    for pack in four_packs(ledger, 8):
+        writer.tell(PackSealed(pack))
+    writer.stop()
+    assert batch_states(tmp_path) == [(1, "committed"), (2, "committed")]
+    assert [(b, rows) for b, rows, _ in tables.calls] == [(1, 4), (2, 4)]
+    assert not psutil.pid_exists(pid)
