@@ -287,8 +287,9 @@ class SparkWriterActor(pykka.ThreadingActor):
     def on_stop(self) -> None:
         if self._failed is None:
             self._land_in_flight()
-            self._flush()
-            self._land_in_flight()
+            while self._pending and self._retry_timer is None:
+                self._flush()
+                self._land_in_flight()
         else:
             log.warning(
                 "stopping with batch %d unwritten; the next start replays it",
@@ -503,34 +504,36 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._ledger.actor_ref.tell(Grant(TABLE, self._limit, self._limit_bytes))
 
     def _flush(self) -> None:
+        """Begin batches of what waits, each within the batch limits, while there is room in
+        the pipeline; what has none waits (`_flush_wanted`) for the oldest to be written."""
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer = None
         self._generation += 1
-        if not self._pending or self._retry_timer is not None:
-            return
-        if len(self._in_flight) >= PIPELINE_DEPTH:
-            self._flush_wanted = True  # when the oldest is written (_land_ready)
-            return
-        self._flush_wanted = False
-        packs = self._pending.take()
-        records = tuple(r for p in packs for r in p.records)
-        try:
-            batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get(
-                timeout=LEDGER_ASK_TIMEOUT
-            )
-        except (StorageUnavailable, pykka.Timeout) as error:
-            # Nothing was recorded (or, after a timeout, perhaps an empty batch that a later
-            # begin empties: its rows move to the next one): the packs go back in front.
-            self._pending.put_back(packs)
-            self._schedule_retry(None, error, len(records))
-            return
-        crash_point("after_batch_begin_before_job")
-        batch = ReplayBatch(batch_id, records, credited=True)
-        if self._pipelined():
-            self._submit(batch)
-        else:
-            self._write(batch)
+        while self._pending and self._retry_timer is None:
+            if len(self._in_flight) >= PIPELINE_DEPTH:
+                self._flush_wanted = True  # when the oldest is written (_land_ready)
+                return
+            self._flush_wanted = False
+            packs = self._pending.take()
+            records = tuple(r for p in packs for r in p.records)
+            try:
+                batch_id = self._ledger.begin_batch([(p.pack_id, p.seqs) for p in packs]).get(
+                    timeout=LEDGER_ASK_TIMEOUT
+                )
+            except (StorageUnavailable, pykka.Timeout) as error:
+                # Nothing was recorded (or, after a timeout, perhaps an empty batch that a
+                # later begin empties: its rows move to the next one): the packs go back in
+                # front.
+                self._pending.put_back(packs)
+                self._schedule_retry(None, error, len(records))
+                return
+            crash_point("after_batch_begin_before_job")
+            batch = ReplayBatch(batch_id, records, credited=True)
+            if self._pipelined():
+                self._submit(batch)
+            else:
+                self._write(batch)
 
     # -- the pipeline: Spark writes one batch while the parse worker parses the next ----------
 

@@ -36,9 +36,19 @@ class BatchCollector:
         return self.messages >= self.max_rows or self.bytes >= self.max_bytes
 
     def take(self) -> list:
-        """Every pack waiting, oldest first; the collector is empty after."""
-        packs, self.packs = self.packs, []
-        self.messages = self.bytes = 0
+        """One batch of the packs waiting, oldest first: every one, or, when more than a batch
+        waits (the writer had no room for a batch a while: actors/writer.py, PIPELINE_DEPTH),
+        the oldest up to the first that makes the batch full. The rest stays."""
+        taken, messages, size = 0, 0, 0
+        for pack in self.packs:
+            taken += 1
+            messages += len(pack.records)
+            size += sum(len(r.payload) for r in pack.records)
+            if messages >= self.max_rows or size >= self.max_bytes:
+                break
+        packs, self.packs = self.packs[:taken], self.packs[taken:]
+        self.messages -= messages
+        self.bytes -= size
         return packs
 
     def put_back(self, packs: Sequence[PackLike]) -> None:

@@ -39,3 +39,16 @@ def test_take_empties_it_and_put_back_restores_the_order_in_front():
     collector.put_back(taken)
     assert collector.packs == [first, second, third]
     assert (collector.messages, collector.bytes) == (6, 60)
+
+
+def test_take_never_hands_over_more_than_one_batch_however_much_waited():
+    """Packs that piled up while the writer had no room come out a batch at a time (a writer
+    that took them all at once ran the Spark JVM out of memory in the batched benchmark)."""
+    collector = BatchCollector(max_rows=5, max_bytes=45)
+    packs = [pack(2), pack(2), pack(2), pack(1, size=40), pack(1)]
+    for one in packs:
+        collector.add(one)
+    assert collector.take() == packs[:3]  # 6 rows: full at the third
+    assert (collector.messages, collector.bytes) == (2, 50)
+    assert collector.take() == packs[3:]  # 50 B: full at the pack that passed 45 B, as add() says
+    assert not collector and (collector.messages, collector.bytes) == (0, 0)
