@@ -5,7 +5,9 @@ the simulator) are parsed and written to the `reads` table three ways, in altern
 one process holding one local[2] Spark session:
 - `thread`: `spark.parse_worker.prepare_batch` in the calling thread (the writer before issue 16,
   and its fallback), then the TableWriter;
-- `worker`: the same in the parse worker's child process (the daemon's default now);
+- `worker`: the same in the parse worker's child process, one batch at a time;
+- `pipelined`: the worker parses the next batch while Spark writes one, as the daemon's writer
+  does (actors/writer.py, PIPELINE_DEPTH);
 - `spark`: the raw records handed to Spark as Arrow columns, parsed by `mapInArrow` in Spark's
   own Python workers with the same parser, and written from there. This is the issue's first
   design, measured at its most favourable: only the `reads` rows come out of the job (dead
@@ -26,7 +28,7 @@ import time
 from bench.benchmarks import Benchmark, Context
 
 NAME = "parse-where"
-WAYS = ("thread", "worker", "spark")
+WAYS = ("thread", "worker", "pipelined", "spark")
 BATCH_READS = 20_000
 BATCHES = {False: 12, True: 4}
 ROUNDS = {False: 3, True: 1}
@@ -101,7 +103,7 @@ def _spark_parse(spark, tables_dir: str, batch_id: int, records: list) -> None:
 
 
 def parse_where(ctx: Context) -> dict:
-    from spark.parse_worker import BuildOptions, ParseWorker, prepare_batch
+    from spark.parse_worker import After, BuildOptions, Committed, ParseWorker, prepare_batch
     from spark.session import build_session, stop_session
     from spark.tables import READS, TableWriter
 
@@ -116,6 +118,23 @@ def parse_where(ctx: Context) -> dict:
         tables_dir = directory / "tables"
         writer = TableWriter(session, tables_dir)
         batch_id = 0
+
+        def write_all(way: str, batches: list[list]) -> None:
+            nonlocal batch_id
+            if way != "pipelined":
+                for records in batches:
+                    write(way, records)
+                return
+            first = batch_id + 1
+            futures = [worker.submit(batches[0], first, Committed({}, {}))]
+            for index in range(len(batches)):
+                if index + 1 < len(batches):
+                    futures.append(
+                        worker.submit(batches[index + 1], first + index + 1, After(first + index))
+                    )
+                prepared = futures[index].result()
+                writer.write_batch(first + index, {READS: prepared.tables.reads})
+            batch_id = first + len(batches) - 1
 
         def write(way: str, records: list) -> None:
             nonlocal batch_id
@@ -133,12 +152,11 @@ def parse_where(ctx: Context) -> dict:
             batches = _batches(events, BATCHES[ctx.settings.quick])
             shape = samples[f"{events}"] = {way: [] for way in WAYS}
             for way in WAYS:  # warm each way once: JVM code paths, Spark's Python workers
-                write(way, batches[0])
+                write_all(way, batches[:1])
             for number in range(ROUNDS[ctx.settings.quick]):
                 for way in WAYS if number % 2 == 0 else WAYS[::-1]:
                     cpu, started = _cpu(), time.perf_counter()
-                    for records in batches:
-                        write(way, records)
+                    write_all(way, batches)
                     seconds, cpu = time.perf_counter() - started, _cpu() - cpu
                     messages = sum(len(r) for r in batches)
                     sample = {
@@ -196,18 +214,19 @@ def rows(result: dict) -> list[list[str]]:
     table = []
     for events, ways in result["medians"].items():
         thread = ways["thread"]
-        for way in ("worker", "spark"):
+        for way in ("worker", "pipelined", "spark"):
             mine = ways[way]
             table.append(
                 [
                     f"`{NAME}` {events}/msg {way}",
                     f"the same {result['setup']['batch_reads']:,}-read batches of "
                     f"{events} event(s)/message into `reads`, parsed "
-                    + (
-                        "by the parse worker (a child process)"
-                        if way == "worker"
-                        else "by Spark (`mapInArrow`, reads only: its most favourable case)"
-                    )
+                    + {
+                        "worker": "by the parse worker (a child process), one batch at a time",
+                        "pipelined": "by the parse worker, the next batch while Spark writes "
+                        "one (the daemon's writer)",
+                        "spark": "by Spark (`mapInArrow`, reads only: its most favourable case)",
+                    }[way]
                     + "; baseline: parsed in the calling thread. In brackets: the calling "
                     "process's CPU per 1,000 messages",
                     f"{thread['reads_per_second']:,.0f} reads/s "
