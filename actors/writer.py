@@ -290,10 +290,13 @@ class SparkWriterActor(pykka.ThreadingActor):
             while self._pending and self._retry_timer is None:
                 self._flush()
                 self._land_in_flight()
-        else:
+        unwritten = [f.batch.batch_id for f in self._in_flight]
+        if self._failed is not None:
+            unwritten.insert(0, self._failed.batch_id)
+        if unwritten:
             log.warning(
-                "stopping with batch %d unwritten; the next start replays it",
-                self._failed.batch_id,
+                "stopping with batch(es) %s unwritten; the next start replays them",
+                ", ".join(map(str, unwritten)),
             )
         self._close_session()
         self._release_compaction()
@@ -327,8 +330,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         return None if self._parse_worker is None else self._parse_worker.pid
 
     def _start_parse_worker(self) -> None:
-        from spark.parse_worker import ParseWorker
-
         self._parse_worker = ParseWorker(self._build_options)
         self._parse_worker.start()
 
