@@ -4,20 +4,22 @@ The daemon is one Python process. Its intake (paho, the inbound ledger's commits
 the Spark writer's parsing shared one interpreter lock: py-spy put the writer's parsing at 23-28 %
 of the GIL's samples at the ingest ceiling, and at 88 % with batched payloads, while the second
 core sat with the JVM waiting for its next job. Here the parsing runs in a child process on the
-other core: the writer's thread sends a batch's ledger records down a pipe, waits (the GIL free
-for the intake meanwhile) and reads back a `PreparedBatch`: the tables, and the per-read
-accounting that is pure work on them too (the readers' event-number counters, spark.gaps, and
-their health, spark.reader_health), from the states the writer committed with its last batch.
+other core: the writer hands a batch's ledger records over (`submit`), writes the batch before
+it to Spark meanwhile (actors/writer.py, the pipeline), and takes back a `PreparedBatch`: the
+tables, and the per-read accounting that is pure work on them too (the readers' event-number
+counters, spark.gaps, and their health, spark.reader_health), counted on from the states
+committed with the batch before, or from those after the batch the child prepared before it.
 
 `prepare_batch` is that work; the writer calls it itself when it has no worker, so rows,
 dead-letter reasons and counters cannot differ between the two: tests/spark/test_parse_worker.py
 runs the fuzz corpus and the real-shape payloads through both and compares.
 
 The protocol is a length-prefixed pickle each way between two processes of this program (never
-across a trust boundary): a request (the records as columns of plain values, which pickle ten
-times faster than record objects; the batch id; the options and states), a reply (the prepared
-batch, or the exception raised making it). The child exits when its stdin closes: when the
-daemon stops it, and also when the daemon is killed, so no SIGKILL leaves a parser behind.
+across a trust boundary): a request (the records as columns of plain values, which pickle
+several times faster than record objects; the batch id; the options; the states to start
+from), a reply (the prepared batch, or the exception raised making it). The child exits when
+its stdin closes: when the daemon stops it, and also when the daemon is killed, so no SIGKILL
+leaves a parser behind.
 """
 
 from __future__ import annotations
