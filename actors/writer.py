@@ -698,15 +698,16 @@ class SparkWriterActor(pykka.ThreadingActor):
     def _prepare(self, records: Sequence, batch_id: int) -> PreparedBatch:
         """The batch's tables and reader accounting, from the parse worker when there is one,
         else made here: the same `spark.parse_worker.prepare_batch` either way."""
-        from spark.parse_worker import Committed, ParseWorkerDied, prepare_batch
+        from spark.parse_worker import ParseWorkerDied, prepare_batch
 
         # With claims (field ids), the reads are counted after them, in _write.
         readers = None if self._claim_reads else self._readers
         worker = self._parse_worker
         if worker is not None:
-            future = worker.submit(records, batch_id, Committed(readers, self._reader_health))
             try:
-                prepared = future.result(timeout=PARSE_TIMEOUT)
+                prepared = worker.prepare(
+                    records, batch_id, readers, self._reader_health, timeout=PARSE_TIMEOUT
+                )
             except (ParseWorkerDied, TimeoutError) as error:
                 self._worker_died(error, batch_id)
                 if self._parse_worker is not None:

@@ -287,11 +287,7 @@ class ParseWorker:
         """A Future of the batch's PreparedBatch, made in the child from `base`; it fails with
         `ParseWorkerDied` if the child goes first, `ChainBroken` if `base` is an After the
         child does not hold, or with what prepare_batch raised in the child."""
-        if isinstance(base, Committed):
-            base = Committed(
-                None if base.readers is None else dict(base.readers),
-                {reader: dict(state) for reader, state in base.reader_health.items()},
-            )
+        # Pickled here, in the caller's thread: the request holds the states as they are now.
         data = pickle.dumps(
             (_columns(records), batch_id, self.options, base), protocol=pickle.HIGHEST_PROTOCOL
         )
@@ -310,10 +306,13 @@ class ParseWorker:
         batch_id: int,
         readers: Mapping[str, ReaderCount] | None,
         reader_health: Mapping[str, Mapping[str, object]],
+        timeout: float | None = None,
     ) -> PreparedBatch:
         """`prepare_batch(records, batch_id, self.options, readers, reader_health)`, made in the
-        child and waited for; raises as `submit`'s Future does."""
-        return self.submit(records, batch_id, Committed(readers, reader_health)).result()
+        child and waited for (TimeoutError past `timeout` seconds); raises as `submit`'s Future
+        does."""
+        future = self.submit(records, batch_id, Committed(readers, reader_health))
+        return future.result(timeout=timeout)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Close its stdin (it exits), wait, and kill it if it does not. Futures not yet
