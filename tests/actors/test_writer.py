@@ -470,7 +470,8 @@ def test_a_batch_whose_parse_worker_died_lands_all_the_same_and_a_new_worker_tak
         assert tables.wait_calls(1) == [(1, 4, "ok")]
 
         os.kill(pid, signal.SIGKILL)  # our own child: the writer started it
-        psutil.Process(pid).wait(30)
+        # The writer's reply thread reads the end of the pipe and reaps it: we only watch.
+        assert wait_until(lambda: not psutil.pid_exists(pid), timeout=30)
         writer.tell(PackSealed(second))
         assert clock.wait_for_timers(1)
         clock.advance(1.0)

@@ -21,6 +21,7 @@ from spark.parse_worker import (
     ParseWorkerDied,
     prepare_batch,
 )
+from tests.harness.checks import wait_until
 from tests.spark.test_sanitise import Record
 from tests.spark.test_zebra_fuzz import EVENTS_FILTER, MESSAGES_PER_EXAMPLE, PAYLOADS, TOPICS
 from tests.spark.test_zebra_management import envelope, live_heartbeat
@@ -128,7 +129,8 @@ def test_a_killed_worker_is_reported_as_dead_with_its_exit_status():
     pid = worker.pid
     try:
         os.kill(pid, signal.SIGKILL)
-        psutil.Process(pid).wait(30)
+        # The worker's reply thread reads the end of the pipe and reaps it: we only watch.
+        assert wait_until(lambda: not psutil.pid_exists(pid), timeout=30)
         with pytest.raises(ParseWorkerDied, match=f"pid {pid}"):
             worker.prepare([Record("k", "zebra/fx/r1/reads", TAG % 1)], 1, {}, {})
     finally:
