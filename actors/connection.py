@@ -50,7 +50,7 @@ from actors.lifecycle_reasons import (
     reason_from_paho_disconnect,
 )
 from actors.messages import (
-    Inbound,
+    InboundBurst,
     Publish,
     SendAcks,
     SendPublishes,
@@ -100,19 +100,19 @@ ClientFactory = Callable[[str, Callable[[], float], pykka.ActorRef], EpochClient
 
 def ledger_client_factory(listener, intake: IntakeGate | None = None) -> ClientFactory:
     """Source connections: every inbound PUBLISH/PUBREL goes to `listener` (the InboundLedger),
-    through `intake` if given (the ledger then reports each packet it takes to the same gate),
-    with a relay to the connection's actor for its acknowledgements (one thread writes to the
-    client: actors.mqtt.relay)."""
+    a hand-over of them per message (actors.mqtt.client), through `intake` if given (the ledger
+    then reports the packets it takes to the same gate), with a relay to the connection's actor
+    for its acknowledgements (one thread writes to the client: actors.mqtt.relay)."""
 
     def make(client_id: str, monotonic: Callable[[], float], owner: pykka.ActorRef):
         relay = ConnectionRelay(owner)
 
-        def forward(packet) -> None:
+        def forward(packets: list) -> None:
             if intake is not None:
-                intake.admit(packet_size(packet))
-            listener.tell(Inbound(packet, relay))
+                intake.admit(sum(packet_size(p) for p in packets), len(packets))
+            listener.tell(InboundBurst(tuple(packets), relay))
 
-        client = LedgerClient(client_id, forward, forward, monotonic)
+        client = LedgerClient(client_id, forward, monotonic)
         if intake is not None:
             client.on_stopping = intake.interrupt
         return client

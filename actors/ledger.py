@@ -56,6 +56,7 @@ from actors.messages import (
     ForwardRecorded,
     Grant,
     Inbound,
+    InboundBurst,
     Recovery,
     SessionEnded,
     SessionStarted,
@@ -299,7 +300,9 @@ class InboundLedger(pykka.ThreadingActor):
     # -- messages ---------------------------------------------------------------------------
 
     def on_receive(self, message: object) -> None:
-        if isinstance(message, Inbound):
+        if isinstance(message, InboundBurst):
+            self._take_burst(message)
+        elif isinstance(message, Inbound):
             if self._faults.failing or self._backlog:
                 self._defer(message)
                 return
@@ -353,6 +356,27 @@ class InboundLedger(pykka.ThreadingActor):
             self._store_local(message)
         else:
             log.warning("inbound ledger ignored %r", message)
+
+    def _take_burst(self, burst: InboundBurst) -> None:
+        """Each packet as if it came alone (an Inbound of its own, for the backlog), and the
+        intake gate told once."""
+        applied = 0
+        size = 0
+        try:
+            for message in burst:
+                if self._faults.failing or self._backlog:
+                    self._defer(message)  # counted when it is taken out of the backlog
+                    continue
+                applied += 1
+                size += packet_size(message.packet)
+                self._apply(message)
+        except _StorageFailed:
+            # That packet is in the backlog now; the rest of the burst goes behind it.
+            for message in list(burst)[applied:]:
+                self._defer(message)
+        finally:
+            if self._intake is not None and applied:
+                self._intake.taken(size, applied)
 
     def _taken(self, message: Inbound) -> None:
         if self._intake is not None:

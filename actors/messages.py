@@ -6,7 +6,7 @@ retry messages stay private in its module. Grouped by the actor that receives th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -56,6 +56,18 @@ class Inbound:
 
     packet: InboundPublish | InboundPubrel
     acks: object  # actors.mqtt.client.AckSender
+
+
+@dataclass(frozen=True, slots=True)
+class InboundBurst:
+    """The packets one read burst of the source connection brought, in order (one actor
+    message for them all: actors.mqtt.client), with the way back for their acknowledgements."""
+
+    packets: tuple[InboundPublish | InboundPubrel, ...]
+    acks: object  # actors.mqtt.client.AckSender
+
+    def __iter__(self) -> Iterator[Inbound]:
+        return (Inbound(packet, self.acks) for packet in self.packets)
 
 
 # -- the ledgers -> the connection that owns the paho client (actors.mqtt.relay) ------------

@@ -571,12 +571,19 @@ def ingest(ctx: Context, qos: int) -> dict:
     story = cpu_story(fx, base, messages)
     result["cpu"] = story
     inbox = median_of(fx, lambda s: _dig(s, "during_ingest", "ledger_inbox_max"))
+    waiting = median_of(fx, lambda s: _dig(s, "during_ingest", "ledger_waiting_publishes_max"))
     rss = median_of(fx, lambda s: _dig(s, "during_ingest", "python_rss_max_bytes"))
     result["ledger_mailbox"] = {
         "what": "deepest the InboundLedger's mailbox got in each fxgate run (sampled every "
-        "100 ms), with fxgate's Receive Maximum at 200; and the daemon's largest RSS",
+        "100 ms), in actor messages and in PUBLISHes handed over and not yet taken (the source "
+        "hands them over up to 100 per message), with fxgate's Receive Maximum at 200; and the "
+        "daemon's largest RSS",
         "max_depth_samples": [_dig(s, "during_ingest", "ledger_inbox_max") for s in fx],
         "max_depth_median": inbox,
+        "max_publishes_waiting_samples": [
+            _dig(s, "during_ingest", "ledger_waiting_publishes_max") for s in fx
+        ],
+        "max_publishes_waiting_median": waiting,
         "python_rss_max_bytes_median": rss,
         # When the first Spark batch committed vs when the last ack left: a first batch after
         # the acks means the writer's flush (due 2 s in) waited behind the mailbox.
@@ -596,11 +603,12 @@ def ingest(ctx: Context, qos: int) -> dict:
         f"while holding its acks but up to {check['unacked_max']:,} once it acked every "
         f"{check['ack_interval_seconds']} s: mosquitto overshoots the Receive Maximum while a "
         f"queued session drains. fxgate's intake gate (at most {limit:,} PUBLISHes handed to "
-        f"the ledger and not yet taken) held its mailbox to {inbox:,.0f} (median of the runs' "
+        f"the ledger and not yet taken, handed over up to 100 at a time) held its mailbox to "
+        f"{waiting or 0:,.0f} PUBLISHes in {inbox or 0:,.0f} messages (median of the runs' "
         "deepest)"
         + (
-            " (its other messages, group-commit flushes and asks, come on top)."
-            if inbox is not None and inbox <= limit + 100
+            " (group-commit flushes and asks come on top)."
+            if waiting is not None and waiting < limit + 100
             else f", above the gate's limit of {limit:,}: the gate did not hold."
         )
     )

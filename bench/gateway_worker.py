@@ -186,7 +186,9 @@ def jvm_alive(session) -> bool:
 
 
 class Sampler:
-    """Every 100 ms until stopped: the deepest the ledger's mailbox got and the largest RSS.
+    """Every 100 ms until stopped: the deepest the ledger's mailbox got (in actor messages, and
+    in PUBLISHes handed over and not yet taken: the source hands them over up to 100 per
+    message) and the largest RSS.
 
     mosquitto 2.0.11 overshoots our Receive Maximum when it drains a queued session, so the
     mailbox can hold far more than 200 PUBLISHes; this shows how far, in every sample."""
@@ -195,6 +197,7 @@ class Sampler:
         self._supervisor = supervisor
         self._stop = threading.Event()
         self.inbox_max = 0
+        self.waiting_max = 0
         self.rss_max = 0
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
         self._thread.start()
@@ -205,12 +208,19 @@ class Sampler:
             ledger = self._supervisor.ref("ledger")
             if ledger is not None:
                 self.inbox_max = max(self.inbox_max, ledger.actor_inbox.qsize())
+            gate = getattr(self._supervisor, "intake", None)
+            if gate is not None:
+                self.waiting_max = max(self.waiting_max, gate.stats().waiting_messages)
             self.rss_max = max(self.rss_max, me.memory_info().rss)
 
     def stop(self) -> dict:
         self._stop.set()
         self._thread.join(5)
-        return {"ledger_inbox_max": self.inbox_max, "python_rss_max_bytes": self.rss_max}
+        return {
+            "ledger_inbox_max": self.inbox_max,
+            "ledger_waiting_publishes_max": self.waiting_max,
+            "python_rss_max_bytes": self.rss_max,
+        }
 
 
 # -- one measured run -----------------------------------------------------------------------

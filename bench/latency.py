@@ -465,6 +465,9 @@ def sample(
         "batch_interval_median": statistics.median(np.diff(commits)) if len(commits) > 2 else None,
         "cpu_table_window": result.get("cpu_table_window"),
         "ledger_inbox_max": (result.get("during_ingest") or {}).get("ledger_inbox_max"),
+        "ledger_waiting_publishes_max": (result.get("during_ingest") or {}).get(
+            "ledger_waiting_publishes_max"
+        ),
     }
 
 
@@ -521,6 +524,7 @@ def _summarize_level(mine: list[dict], config: str, load: float, rate: float, ta
         "ledger_to_visible_p50_median": _median_of([s["ledger_to_visible"] for s in mine], "p50"),
         "ledger_to_visible_p99_median": _median_of([s["ledger_to_visible"] for s in mine], "p99"),
         "ledger_inbox_max_median": _median_of(mine, "ledger_inbox_max"),
+        "ledger_waiting_publishes_max_median": _median_of(mine, "ledger_waiting_publishes_max"),
         "other_cores_median": statistics.median(s["machine_load"]["other_cores"] for s in mine),
         "spark_job_seconds_median": _median_of(mine, "spark_job_seconds_median"),
         "job_seconds_median": _median_of(mine, "job_seconds_median"),
@@ -666,7 +670,8 @@ def bound(result: dict) -> str:
         f"machine used {level['other_cores_median']:.2f} cores meanwhile, median): publish -> "
         f"received by fxgate's ledger p50 {level['publish_to_ledger_p50_median']:.2f} / p99 "
         f"{level['publish_to_ledger_p99_median']:.2f} s (the ledger's mailbox held up to "
-        f"{level['ledger_inbox_max_median'] or 0:,.0f} PUBLISHes), ledger -> visible p50 "
+        f"{level['ledger_waiting_publishes_max_median'] or 0:,.0f} PUBLISHes), ledger -> "
+        f"visible p50 "
         f"{level['ledger_to_visible_p50_median']:.2f} / p99 "
         f"{level['ledger_to_visible_p99_median']:.2f} s. The second part is batching: a pack "
         f"of {config['pack_max_messages']} fills in "

@@ -8,7 +8,9 @@ faster than the ledger commits them, and the ledger's mailbox held 33,394 messag
 one run. DESIGN §3.4 wants memory bounded whatever the broker does, so the bound is ours: past
 `max_messages` or `max_bytes` handed over and not yet taken, the network thread waits here, which
 stops it reading the socket; TCP then pushes back on the broker, which keeps the rest queued. It
-goes on once the ledger is down to half of both limits.
+goes on once the ledger is down to half of both limits. The source hands packets over up to
+100 at a time (actors.mqtt.client.HAND_OVER_PACKETS), so what waits can exceed the limits by one
+hand-over.
 
 While the network thread waits it sends nothing either (acks queue behind it, and PINGREQ), so
 the limits are sized for waits of milliseconds: the ledger takes thousands of messages a second.
@@ -81,20 +83,21 @@ class IntakeGate:
         self._holds = 0
         self._held_seconds = 0.0
 
-    def admit(self, size: int) -> None:
-        """Count one packet handed over; first wait, if the ledger is too far behind."""
+    def admit(self, size: int, count: int = 1) -> None:
+        """Count `count` packets of `size` bytes in all handed over; first wait, if the ledger is
+        too far behind."""
         with self._cond:
             if not self._closed and self._over():
                 self._hold()
-            self._messages += 1
+            self._messages += count
             self._bytes += size
             self._peak_messages = max(self._peak_messages, self._messages)
             self._peak_bytes = max(self._peak_bytes, self._bytes)
 
-    def taken(self, size: int) -> None:
-        """The ledger has taken one packet out of its mailbox."""
+    def taken(self, size: int, count: int = 1) -> None:
+        """The ledger has taken `count` packets (`size` bytes) out of its mailbox."""
         with self._cond:
-            self._messages = max(0, self._messages - 1)
+            self._messages = max(0, self._messages - count)
             self._bytes = max(0, self._bytes - size)
             if self._waiting and self._below_low():
                 self._cond.notify_all()

@@ -26,10 +26,17 @@ METHODS: dict[str, tuple[str, ...]] = {
     "_packet_queue": ("command", "packet", "mid", "qos"),
     # Called: one PUBLISH under a packet id fxgate chose (a re-send keeps its id, DESIGN §3.2).
     "_send_publish": ("mid", "topic", "payload", "qos", "retain", "dup", "info", "properties"),
+    # Reading in bursts (actors.mqtt.client): `_sock_recv` overridden to serve paho from a
+    # buffer (and called for the socket's recv), `loop_read` overridden to call these two.
+    "_sock_recv": ("bufsize",),
+    "_packet_read": (),
+    "_loop_rc_handle": ("rc",),
 }
 # Attributes read: the packet being handled, as a dict with these keys.
 IN_PACKET = "_in_packet"
 IN_PACKET_KEYS = ("command", "packet")
+# Attribute read: the connection's socket (None while there is none), replaced at each connect.
+SOCK = "_sock"
 
 
 def missing(client_class: type = paho.Client) -> list[str]:
@@ -47,6 +54,8 @@ def missing(client_class: type = paho.Client) -> list[str]:
         client = client_class(paho.CallbackAPIVersion.VERSION2)
     except Exception as error:  # a paho that cannot even be built like this has changed
         return [*problems, f"paho Client cannot be made as fxgate makes it: {error}"]
+    if not hasattr(client, SOCK):
+        problems.append(f"paho Client has no attribute {SOCK}")
     packet = getattr(client, IN_PACKET, None)
     if not isinstance(packet, dict):
         problems.append(f"paho Client.{IN_PACKET} is not a dict")

@@ -6,7 +6,7 @@ import pytest
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
 from actors.connection import ConnectionSettings
-from actors.messages import SessionEnded, SessionStarted
+from actors.messages import InboundBurst, SessionEnded, SessionStarted
 from actors.mqtt.client import AckKind, InboundPublish, InboundPubrel
 from tests.harness.mqtt import publish_all
 
@@ -25,6 +25,10 @@ class InstantLedger:
         self.cond = threading.Condition()
 
     def tell(self, message):
+        if isinstance(message, InboundBurst):
+            for inbound in message:
+                self.tell(inbound)
+            return
         with self.cond:
             if isinstance(message, SessionStarted):
                 self.sessions.append(message)
@@ -155,6 +159,10 @@ class SilentLedger(InstantLedger):
     """Stores nothing and acks nothing: what the broker keeps in flight is all that arrives."""
 
     def tell(self, message):
+        if isinstance(message, InboundBurst):
+            for inbound in message:
+                self.tell(inbound)
+            return
         with self.cond:
             if isinstance(message, SessionStarted):
                 self.sessions.append(message)

@@ -7,8 +7,17 @@ import pytest
 from actors import ledger as ledger_actor
 from actors.clock import SimulatedClock
 from actors.ledger import InboundLedger
-from actors.messages import Committed, Forwarded, ForwardRecorded, Grant, Inbound, SessionStarted
+from actors.messages import (
+    Committed,
+    Forwarded,
+    ForwardRecorded,
+    Grant,
+    Inbound,
+    InboundBurst,
+    SessionStarted,
+)
 from actors.mqtt.client import AckKind, AckSender, InboundPublish, InboundPubrel
+from actors.mqtt.intake import IntakeGate
 from persistence import ledger_store
 from persistence.keys import message_key
 from persistence.records import TABLE, UPSTREAM
@@ -136,6 +145,36 @@ def test_qos1_puback_leaves_only_after_the_row_is_committed(start_ledger, db_pat
     assert acks.wait_for(3) == [(AckKind.PUBACK, 1), (AckKind.PUBACK, 2), (AckKind.PUBACK, 3)]
     for pid, visible in zip((1, 2, 3), acks.visible_at_ack, strict=True):
         assert message_key(TOPIC, f'{{"n": {pid}}}'.encode()) in visible
+
+
+def test_a_hand_over_of_packets_is_stored_and_acked_as_if_each_came_alone(start_ledger, db_path):
+    clock = SimulatedClock()
+    intake = IntakeGate(1000, 1_000_000, clock.monotonic)
+    ledger = start_ledger(clock, intake=intake)
+    acks = RecordingAcks(db_path)
+    packets = (
+        publish(1, b"one"),
+        publish(2, b"two", qos=2),
+        publish(1, b"one", dup=True),  # a redelivery inside the same hand-over
+        InboundPubrel(epoch=1, packet_id=2),
+        publish(0, b"zero", qos=0),
+    )
+    intake.admit(sum(len(getattr(p, "payload", b"")) for p in packets), len(packets))
+    ledger.tell(InboundBurst(packets, acks))
+    assert acks.wait_for(4) == [
+        (AckKind.PUBACK, 1),
+        (AckKind.PUBREC, 2),
+        (AckKind.PUBACK, 1),
+        (AckKind.PUBCOMP, 2),
+    ]
+    assert [(key, pid) for key, pid, _ in rows(db_path)] == [
+        (message_key(TOPIC, b"one"), None),
+        (message_key(TOPIC, b"two"), None),
+        (message_key(TOPIC, b"zero"), None),
+    ]
+    counts = ledger.proxy().stats().get(timeout=5)
+    assert (counts["accepted"], counts["duplicates"]) == (3, 1)
+    assert intake.stats().waiting_messages == 0 and intake.stats().waiting_bytes == 0
 
 
 def test_qos2_pubrec_leaves_only_after_the_row_and_its_packet_id_are_committed(

@@ -28,7 +28,15 @@ from actors.devtools.mosquitto import free_port
 from actors.devtools.simulate import expected_read_ids, simulate
 from actors.ledger import InboundLedger, LedgerRecord
 from actors.lifecycle import LifecycleActor
-from actors.messages import Inbound, Pack, PackSealed, SessionConnected, SessionStarted, StoreLocal
+from actors.messages import (
+    Inbound,
+    InboundBurst,
+    Pack,
+    PackSealed,
+    SessionConnected,
+    SessionStarted,
+    StoreLocal,
+)
 from actors.mqtt.client import AckKind, InboundPubrel
 from actors.mqtt.intake import IntakeGate
 from actors.mqtt.upstream import AckType, OutboundAck
@@ -226,6 +234,31 @@ def test_the_backlog_counts_against_the_intake_gate_until_it_is_stored(faults, s
     faults.set(None)
     retry(clock, ledger, 1.0)
     acks.wait_for(5)
+    assert intake.stats().waiting_messages == 0
+
+
+def test_hand_overs_that_meet_a_full_disk_wait_in_order_and_count_against_the_gate(
+    faults, start_ledger, db_path, clock
+):
+    """The source hands packets over many at a time: the first to fail is in the rolled-back
+    group (taken), every packet behind it waits in the backlog (not taken), in order."""
+    intake = IntakeGate(1000, 1_000_000, clock.monotonic)
+    ledger = start_ledger(intake=intake)
+    acks = Acks()
+    faults.set(DISK_FULL)
+    for first in (1, 6):
+        packets = tuple(publish(pid, b"r%d" % pid) for pid in range(first, first + 5))
+        intake.admit(sum(len(p.payload) for p in packets), len(packets))
+        ledger.tell(InboundBurst(packets, acks))
+    assert wait_until(lambda: stats(ledger)["storage_backlog"] == 10)
+    assert intake.stats().waiting_messages == 9
+    assert acks.acks == [] and stored(db_path) == []
+    faults.set(None)
+    retry(clock, ledger, 1.0)
+    assert [pid for _, pid in acks.wait_for(10)] == list(range(1, 11))
+    assert [key for key, _ in stored(db_path)] == [
+        message_key(TOPIC, b"r%d" % pid) for pid in range(1, 11)
+    ]
     assert intake.stats().waiting_messages == 0
 
 

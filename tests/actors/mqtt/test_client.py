@@ -1,11 +1,21 @@
-"""The paho client subclasses: what they set on the sockets they open."""
+"""The paho client subclasses: what they set on the sockets they open, and how the source's
+reads its socket in bursts."""
 
+import select
 import socket
 
 import pytest
+from paho.mqtt.enums import MQTTErrorCode
 
-from actors.mqtt.client import LedgerClient
+from actors.mqtt.client import (
+    BURST_PACKETS,
+    HAND_OVER_BYTES,
+    HAND_OVER_PACKETS,
+    READ_CHUNK,
+    LedgerClient,
+)
 from actors.mqtt.upstream import UpstreamClient
+from actors.mqtt.wire import encode_publish
 
 
 @pytest.fixture
@@ -17,7 +27,7 @@ def listener():
 
 
 def _source(client_id):
-    return LedgerClient(client_id, lambda publish: None, lambda pubrel: None, lambda: 0.0)
+    return LedgerClient(client_id, lambda packets: None, lambda: 0.0)
 
 
 def _upstream(client_id):
@@ -41,3 +51,105 @@ def test_the_upstream_socket_sends_small_packets_at_once(listener, make, no_dela
         sock = client.socket()
         if sock is not None:
             sock.close()
+
+
+# -- reading in bursts ----------------------------------------------------------------------
+
+CONNACK = b"\x20\x03\x00\x00\x00"  # MQTT 5: no session present, success, no properties
+TOPIC = b"zebra/fx/r1/reads"
+
+
+def publish_bytes(n: int, size: int = 150) -> bytes:
+    return encode_publish(n % 65535 + 1, TOPIC, b"%06d" % n + b"x" * (size - 6), 1, False)
+
+
+class Source:
+    """A LedgerClient connected to a loopback server socket the test writes to, driven as paho's
+    loop drives it: select on its socket, then loop_read."""
+
+    def __init__(self, listener):
+        self.listener = listener
+        self.hand_overs: list[list] = []
+        self.client = LedgerClient("fxgate-test", self.hand_overs.append, lambda: 0.0)
+        self.server = self.connect()
+
+    def connect(self, again=False):
+        port = self.listener.getsockname()[1]
+        if again:
+            self.client.reconnect()
+        else:
+            self.client.connect("127.0.0.1", port)
+        server, _ = self.listener.accept()
+        server.settimeout(10)
+        return server
+
+    def payloads(self) -> list[bytes]:
+        return [p.payload[:6] for batch in self.hand_overs for p in batch]
+
+    def read_until(self, count: int, timeout: float = 10.0) -> list[int]:
+        """Loop until `count` packets were handed over; every select must find data while
+        some are missing (a byte left in the buffer with an idle socket would stall here).
+        Returns how many packets each loop_read call handed over."""
+        per_call = []
+        while (before := len(self.payloads())) < count:
+            readable, _, _ = select.select([self.client.socket()], [], [], timeout)
+            assert readable, f"stalled with {before} of {count} handed over"
+            assert self.client.loop_read() == MQTTErrorCode.MQTT_ERR_SUCCESS
+            per_call.append(len(self.payloads()) - before)
+        return per_call
+
+    def close(self):
+        self.server.close()
+        sock = self.client.socket()
+        if sock is not None:
+            sock.close()
+
+
+@pytest.fixture
+def source(listener):
+    source = Source(listener)
+    yield source
+    source.close()
+
+
+def test_many_packets_read_at_once_come_in_order_in_hand_overs_and_nothing_stalls(source):
+    count = 1000
+    source.server.sendall(CONNACK + b"".join(publish_bytes(n) for n in range(count)))
+    per_call = source.read_until(count)
+    assert source.payloads() == [b"%06d" % n for n in range(count)]
+    assert max(len(batch) for batch in source.hand_overs) <= HAND_OVER_PACKETS
+    # A burst reads no more than BURST_PACKETS from the socket, then ends with what its buffer
+    # holds (at most READ_CHUNK bytes): the network thread gets round its loop meanwhile.
+    assert max(per_call) <= BURST_PACKETS + READ_CHUNK // 150 + 1
+
+
+def test_a_packet_split_across_reads_is_handed_over_once_it_is_whole(source):
+    whole = publish_bytes(1)
+    source.server.sendall(CONNACK + publish_bytes(0) + whole[:40])
+    source.read_until(1)
+    assert source.payloads() == [b"000000"]
+    source.server.sendall(whole[40:] + publish_bytes(2))
+    source.read_until(3)
+    assert source.payloads() == [b"000000", b"000001", b"000002"]
+
+
+def test_a_large_payload_is_handed_over_at_once(source):
+    source.server.sendall(CONNACK + publish_bytes(0, size=HAND_OVER_BYTES) + publish_bytes(1))
+    source.read_until(2)
+    assert [len(batch) for batch in source.hand_overs] == [1, 1]
+
+
+def test_bytes_read_on_a_lost_connection_never_reach_the_next_one(source):
+    """A packet paho refuses ends the connection with bytes still in the buffer after it; they
+    belonged to that connection and must not be read as the start of the next one."""
+    bad_length = b"\x30\xff\xff\xff\xff\x01"  # a remaining length longer than 4 bytes
+    source.server.sendall(CONNACK + bad_length + publish_bytes(1))
+    readable, _, _ = select.select([source.client.socket()], [], [], 10)
+    assert readable
+    assert source.client.loop_read() != MQTTErrorCode.MQTT_ERR_SUCCESS
+    assert source.payloads() == []
+    source.server.close()
+    source.server = source.connect(again=True)
+    source.server.sendall(CONNACK + publish_bytes(2))
+    source.read_until(1)
+    assert source.payloads() == [b"000002"]
