@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     import pykka
 
     from actors.mqtt.client import AckKind, InboundPublish, InboundPubrel
-    from actors.mqtt.upstream import OutboundPublish
+    from actors.mqtt.upstream import OutboundAck, OutboundPublish
 
 
 # -- connections -> their listener (the ledger, the outbound ledger) ---------------------------
@@ -68,6 +68,14 @@ class InboundBurst:
 
     def __iter__(self) -> Iterator[Inbound]:
         return (Inbound(packet, self.acks) for packet in self.packets)
+
+
+@dataclass(frozen=True, slots=True)
+class OutboundAcks:
+    """The PUBACK / PUBREC / PUBCOMP one hand-over of the upstream connection brought, in
+    order (one actor message for them all: actors.mqtt.client)."""
+
+    acks: tuple[OutboundAck, ...]
 
 
 # -- the ledgers -> the connection that owns the paho client (actors.mqtt.relay) ------------

@@ -50,6 +50,7 @@ from actors.messages import (
     Demand,
     Forwarded,
     ForwardRecorded,
+    OutboundAcks,
     Pack,
     PackSealed,
     SessionEnded,
@@ -258,6 +259,9 @@ class OutboundLedger(pykka.ThreadingActor):
         if isinstance(message, PackSealed):
             self._waiting.append(message.pack)
             self._pump()
+        elif isinstance(message, OutboundAcks):
+            for ack in message.acks:
+                self._on_ack(ack)
         elif isinstance(message, OutboundAck):
             self._on_ack(message)
         elif isinstance(message, _Flush):

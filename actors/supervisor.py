@@ -31,6 +31,7 @@ from actors.messages import (
     BatchWritten,
     ClientsConfigured,
     CompactionReport,
+    OutboundAcks,
     ReplayBatch,
     TakeReplays,
     WriterHealth,
@@ -115,7 +116,9 @@ def upstream_client_factory(outbound: pykka.ActorRef):
     relay to the connection's actor (one thread writes to the client: actors.mqtt.relay)."""
 
     def make(client_id: str, monotonic, owner: pykka.ActorRef):
-        client = UpstreamClient(client_id, outbound.tell, monotonic)
+        client = UpstreamClient(
+            client_id, lambda acks: outbound.tell(OutboundAcks(tuple(acks))), monotonic
+        )
         outbound.proxy().set_client(ConnectionRelay(owner))
         return client
 

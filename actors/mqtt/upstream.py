@@ -87,10 +87,16 @@ def _without_nagle(client: mqtt.Client, userdata: object, sock: object) -> None:
 
 class UpstreamClient(EpochClient):
     def __init__(
-        self, client_id: str, on_ack: Callable[[OutboundAck], None], monotonic: Callable[[], float]
+        self,
+        client_id: str,
+        on_acks: Callable[[list[OutboundAck]], None],
+        monotonic: Callable[[], float],
     ) -> None:
+        """`on_acks` gets the acks read, in order, a list at each hand-over (the socket is read
+        in bursts: actors.mqtt.client)."""
         super().__init__(client_id, monotonic, manual_ack=False)
-        self._on_ack = on_ack
+        self._on_acks = on_acks
+        self._arrived: list[OutboundAck] = []
         self.on_socket_open = _without_nagle
 
     def send_publish(self, epoch: int, message: OutboundPublish) -> bool:
@@ -129,13 +135,18 @@ class UpstreamClient(EpochClient):
 
     # Network thread: translate only.
 
+    def _burst_over(self) -> None:
+        if self._arrived:
+            arrived, self._arrived = self._arrived, []
+            self._on_acks(arrived)
+
     def _ack(self, kind: AckType) -> MQTTErrorCode:
         packet_id, code = decode_ack(self._in_packet["packet"])
         # The reason's name only when it says more than "Success" (paho's ReasonCode is costly).
         reason = "Success"
         if code:
             reason = str(ReasonCode(_ACK_PACKET_TYPE[kind], identifier=code))
-        self._on_ack(OutboundAck(self.epoch, packet_id, kind, code, reason))
+        self._arrived.append(OutboundAck(self.epoch, packet_id, kind, code, reason))
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     def _handle_pubackcomp(self, cmd) -> MQTTErrorCode:

@@ -14,7 +14,7 @@ from actors.mqtt.client import (
     READ_CHUNK,
     LedgerClient,
 )
-from actors.mqtt.upstream import UpstreamClient
+from actors.mqtt.upstream import AckType, UpstreamClient
 from actors.mqtt.wire import encode_publish
 
 
@@ -31,7 +31,7 @@ def _source(client_id):
 
 
 def _upstream(client_id):
-    return UpstreamClient(client_id, lambda ack: None, lambda: 0.0)
+    return UpstreamClient(client_id, lambda acks: None, lambda: 0.0)
 
 
 @pytest.mark.parametrize(
@@ -67,10 +67,10 @@ class Source:
     """A LedgerClient connected to a loopback server socket the test writes to, driven as paho's
     loop drives it: select on its socket, then loop_read."""
 
-    def __init__(self, listener):
+    def __init__(self, listener, kind=LedgerClient):
         self.listener = listener
         self.hand_overs: list[list] = []
-        self.client = LedgerClient("fxgate-test", self.hand_overs.append, lambda: 0.0)
+        self.client = kind("fxgate-test", self.hand_overs.append, lambda: 0.0)
         self.server = self.connect()
 
     def connect(self, again=False):
@@ -83,8 +83,9 @@ class Source:
         server.settimeout(10)
         return server
 
-    def payloads(self) -> list[bytes]:
-        return [p.payload[:6] for batch in self.hand_overs for p in batch]
+    def payloads(self) -> list:
+        """What was handed over: each PUBLISH's first 6 payload bytes, or each ack."""
+        return [getattr(p, "payload", b"")[:6] or p for batch in self.hand_overs for p in batch]
 
     def read_until(self, count: int, timeout: float = 10.0) -> list[int]:
         """Loop until `count` packets were handed over; every select must find data while
@@ -153,3 +154,18 @@ def test_bytes_read_on_a_lost_connection_never_reach_the_next_one(source):
     source.server.sendall(CONNACK + publish_bytes(2))
     source.read_until(1)
     assert source.payloads() == [b"000002"]
+
+
+def test_the_upstream_client_hands_its_acks_over_in_order_and_in_hand_overs(listener):
+    upstream = Source(listener, UpstreamClient)
+    try:
+        count = 450
+        acks = b"".join(b"\x40\x02" + (n + 1).to_bytes(2, "big") for n in range(count))
+        upstream.server.sendall(CONNACK + acks)
+        upstream.read_until(count)
+        assert [(a.kind, a.packet_id, a.failed) for a in upstream.payloads()] == [
+            (AckType.PUBACK, n + 1, False) for n in range(count)
+        ]
+        assert max(len(batch) for batch in upstream.hand_overs) <= HAND_OVER_PACKETS
+    finally:
+        upstream.close()
