@@ -154,8 +154,10 @@ def _send_acks(acks: Sequence[tuple[AckSender, int, AckKind, int]]) -> None:
         sender.send_acks(epoch, items)
 
 
-def _owed_by(sink: str) -> Callable[[LedgerRecord], bool]:
-    return (lambda r: r.to_table) if sink == TABLE else (lambda r: r.to_upstream)
+def _owed_to(sink: str, records: Sequence[LedgerRecord]) -> list[LedgerRecord]:
+    if sink == TABLE:
+        return [r for r in records if r.to_table]
+    return [r for r in records if r.to_upstream]
 
 
 class InboundLedger(pykka.ThreadingActor):
@@ -719,7 +721,9 @@ class InboundLedger(pykka.ThreadingActor):
         if group.records:
             for sink, feed in self._feeds.items():
                 target = self._targets.get(sink)
-                owed = [r for r in group.records if _owed_by(sink)(r)]
+                if target is None and not feed.caught_up:
+                    continue  # read back once wired
+                owed = _owed_to(sink, group.records)
                 if target is None:
                     if owed and feed.caught_up:
                         feed.behind_from(owed[0].seq)  # read back once wired

@@ -43,7 +43,7 @@ import pykka
 
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
-from actors.config.routes import Route, render_target, route_for
+from actors.config.routes import Route, RouteCache
 from actors.crashpoints import crash_point
 from actors.ledger import LedgerRecord
 from actors.messages import (
@@ -95,6 +95,9 @@ class _Entry:
     reason: str | None = None
 
 
+_FINISHED = frozenset(("acked", "dead"))
+
+
 @dataclass
 class _PackState:
     pack: Pack
@@ -107,10 +110,17 @@ class _PackState:
     # Source topics (one per reader) with a refused message waiting for the pack's retry:
     # their later messages wait behind it, so each reader's order holds upstream.
     blocked: set[str] = dataclasses.field(default_factory=set)
+    # Entries before this index are finished ("acked" or "dead", which no entry leaves):
+    # `done` looks on from there, not at the whole pack after every ack.
+    finished: int = 0
 
     @property
     def done(self) -> bool:
-        return all(e.state in ("acked", "dead") for e in self.entries)
+        entries, index = self.entries, self.finished
+        while index < len(entries) and entries[index].state in _FINISHED:
+            index += 1
+        self.finished = index
+        return index == len(entries)
 
 
 @dataclass
@@ -156,8 +166,7 @@ class OutboundLedger(pykka.ThreadingActor):
         self._path = Path(path)
         self._clock = clock
         self._ledger = ledger  # the inbound ledger: told what is done upstream
-        self._routes = routes
-        self._environment_id = environment_id
+        self._route_of = RouteCache(routes, environment_id)
         self._durability = durability
         self._window_setting = window
         self._timeout = processing_timeout
@@ -347,12 +356,13 @@ class OutboundLedger(pykka.ThreadingActor):
     def _message_for(self, record: LedgerRecord) -> OutboundPublish | None:
         if record.dead_reason is not None:
             return None  # a dead letter already (a topic that was not UTF-8): not forwarded
-        route = route_for(self._routes, record.topic)
-        if route is None:
+        found = self._route_of(record.topic)
+        if found is None:
             return None
+        route, target = found
         return OutboundPublish(
             packet_id=0,
-            topic=render_target(route, record.topic, self._environment_id),
+            topic=target,
             payload=record.payload,
             qos=route.effective_qos,
             dup=False,
@@ -424,9 +434,7 @@ class OutboundLedger(pykka.ThreadingActor):
             if entry.message.qos == 0:
                 # At most once: never in flight, never sent again, never DUP (MQTT 5
                 # §3.3.1.1). Recorded as sent before it leaves, so no restart sends it again.
-                entry.message = dataclasses.replace(
-                    entry.message, packet_id=0, dup=False, expiry_interval=expiry
-                )
+                entry.message = entry.message.sent_as(0, False, expiry)
                 entry.state = "acked"
                 entry.attempts += 1
                 batch.append(entry)
@@ -435,9 +443,7 @@ class OutboundLedger(pykka.ThreadingActor):
             packet_id = self._allocate_id()
             if packet_id is None:
                 break
-            entry.message = dataclasses.replace(
-                entry.message, packet_id=packet_id, dup=False, expiry_interval=expiry
-            )
+            entry.message = entry.message.sent_as(packet_id, False, expiry)
             entry.state = "publish"
             entry.attempts += 1
             self._inflight[packet_id] = entry

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import pykka
 
 from actors.buffer import TierTwoBuffer
 from actors.clock import Clock
-from actors.config.routes import Route, lifecycle_filter, lifecycle_route, route_for
+from actors.config.routes import Route, RouteCache, lifecycle_filter, lifecycle_route
 from actors.config.schema import Config
 from actors.connection import ConnectionActor, ConnectionSettings, ledger_client_factory
 from actors.ledger import InboundLedger
@@ -125,6 +126,11 @@ def upstream_client_factory(outbound: pykka.ActorRef):
     return make
 
 
+def _forwards(routes: RouteCache) -> Callable[[str], bool]:
+    """Whether a route wants the topic (the ledger marks such messages owed upstream)."""
+    return lambda topic: routes(topic) is not None
+
+
 def spark_session_factory(config: Config):
     from spark.session import build_session
 
@@ -205,7 +211,7 @@ class Supervisor(WriterListener):
                 intake=self.intake,
                 forward_topic=None
                 if not cfg.forwarding
-                else (lambda topic: route_for(routes, topic) is not None),
+                else _forwards(RouteCache(routes, cfg.identity.environment_id)),
                 budget=DiskBudget(cfg.ledger.max_bytes, cfg.ledger.min_free_bytes),
             )
             # Right after the ledger, which stores its events (so none is emitted before they

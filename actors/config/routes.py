@@ -95,6 +95,35 @@ def render_target(route: Route, topic: str, environment_id: str) -> str:
     )
 
 
+class RouteCache:
+    """`route_for` and `render_target`, remembered per topic: a gateway sees the same few topics
+    (one or two per reader) for every message, and matching each against every route was a
+    hot frame of the ledger and the outbound ledger (py-spy, forwarding while draining). Past
+    MAX_TOPICS topics it forgets them all and starts again. One per thread."""
+
+    MAX_TOPICS = 4096
+
+    def __init__(self, routes: Sequence[Route], environment_id: str) -> None:
+        self._routes = tuple(routes)
+        self._environment_id = environment_id
+        self._known: dict[str, tuple[Route, str] | None] = {}
+
+    def __call__(self, topic: str) -> tuple[Route, str] | None:
+        """The route `topic` takes and the upstream topic it renders; None: not forwarded."""
+        try:
+            return self._known[topic]
+        except KeyError:
+            pass
+        route = route_for(self._routes, topic)
+        found = (
+            None if route is None else (route, render_target(route, topic, self._environment_id))
+        )
+        if len(self._known) >= self.MAX_TOPICS:
+            self._known.clear()
+        self._known[topic] = found
+        return found
+
+
 # -- the life-cycle events' topic ([lifecycle] topic) -----------------------------------------
 
 LIFECYCLE_PLACEHOLDERS = ("environment", "client")

@@ -69,6 +69,12 @@ class OutboundPublish:
     message_key: str
     expiry_interval: int | None = None
 
+    def sent_as(self, packet_id: int, dup: bool, expiry_interval: int | None) -> OutboundPublish:
+        # Spelled out: dataclasses.replace cost twice as much, once per message (py-spy).
+        return OutboundPublish(
+            packet_id, self.topic, self.payload, self.qos, dup, self.message_key, expiry_interval
+        )
+
 
 def _without_nagle(client: mqtt.Client, userdata: object, sock: object) -> None:
     """The forward leg is a window of small PUBLISHes, each freed slot refilled when its ack

@@ -1,6 +1,6 @@
 import pytest
 
-from actors.config.routes import Route, check_target, render_target, route_for
+from actors.config.routes import Route, RouteCache, check_target, render_target, route_for
 from spark.topics import check_topic_filter, topic_matches
 
 # --- topic_matches: MQTT 5 §4.7 -----------------------------------------------------------------
@@ -157,3 +157,21 @@ def test_check_topic_filter_says_which_rule_is_broken(topic_filter, reason):
     with pytest.raises(ValueError) as caught:
         check_topic_filter(topic_filter)
     assert reason in str(caught.value)
+
+
+def test_the_route_cache_answers_as_route_for_and_render_target_and_stays_bounded(monkeypatch):
+    routes = (
+        Route(0, "zebra/fx/+/reads", target="fx/{environment}/{reader}"),
+        Route(1, "zebra/fx/#", target="all/{topic}"),
+    )
+    cache = RouteCache(routes, "plant-7")
+    topics = ["zebra/fx/r1/reads", "zebra/fx/r1/events", "other/r1", "zebra/fx/r1/reads"]
+    for topic in topics:
+        route = route_for(routes, topic)
+        expected = None if route is None else (route, render_target(route, topic, "plant-7"))
+        assert cache(topic) == expected
+    monkeypatch.setattr(RouteCache, "MAX_TOPICS", 3)
+    small = RouteCache(routes, "plant-7")
+    for n in range(10):
+        assert small(f"zebra/fx/r{n}/reads") == (routes[0], f"fx/plant-7/r{n}")
+        assert len(small._known) <= 3
