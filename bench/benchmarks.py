@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 
 PY_SPY_RATE = 200
 
+# Issue 16's targets: ingest as a ratio to the bare subscriber per QoS; batched reads/s.
+INGEST_TARGET = {1: 0.9, 2: 1.0}
+BATCHED_TARGET = 100_000
 # fxgate's default [ledger] intake_max_messages: what its mailbox should never exceed.
 INTAKE_MAX_MESSAGES = LedgerConfig().intake_max_messages
 
@@ -547,10 +550,11 @@ def ingest(ctx: Context, qos: int) -> dict:
         value=lambda s: s["messages_per_second"],
         baseline_label="bare paho 2.2 subscriber, manual ack",
         fxgate_label="fxgate source -> ledger (commit) -> ack, daemon running whole",
+        # Issue 16's bars: 0.9x at QoS 1, 1.0x at QoS 2.
         target={
             "kind": "ratio_at_least",
-            "value": 0.9,
-            "description": ">= 0.9x the bare paho subscriber",
+            "value": INGEST_TARGET[qos],
+            "description": f">= {INGEST_TARGET[qos]}x the bare paho subscriber",
         },
         setup={
             **common_setup(qos, messages, 1),
@@ -740,8 +744,8 @@ def batched(ctx: Context, batch: int) -> dict:
         fxgate_label="fxgate source -> ledger -> packs -> Spark `reads` table",
         target={
             "kind": "fxgate_at_least",
-            "value": 50_000,
-            "description": ">= 50,000 reads/s into the table",
+            "value": BATCHED_TARGET,
+            "description": f">= {BATCHED_TARGET:,} reads/s into the table",
         },
         setup={
             **common_setup(1, messages, batch),

@@ -40,6 +40,9 @@ from actors.devtools.simulate import simulate
 
 log = logging.getLogger(__name__)
 
+# Ports a fresh broker tries before its start fails (fresh_broker).
+PORT_TRIES = 3
+
 REPO = Path(__file__).resolve().parent.parent
 READERS_TOPIC = "zebra/fx/+/reads"
 PUBLISHING_READERS = 4
@@ -124,8 +127,20 @@ def wait_for_quiet(max_other_cores: float, timeout: float, window: float = 1.0) 
 
 @contextlib.contextmanager
 def fresh_broker(directory: Path) -> Iterator[MosquittoProcess]:
-    broker = MosquittoProcess(directory)
-    broker.start()
+    """A mosquitto on a port found free just before. Another process can take that port in
+    between (a bench run once lost a sample to "Address already in use"): then it tries again on
+    another port, up to PORT_TRIES times in all."""
+    for attempt in range(1, PORT_TRIES + 1):
+        broker = MosquittoProcess(directory)
+        try:
+            broker.start()
+            break
+        except RuntimeError as error:
+            if "Address already in use" not in str(error) or attempt == PORT_TRIES:
+                raise
+            log.warning(
+                "mosquitto could not bind port %d (taken meanwhile): another port", broker.port
+            )
     try:
         yield broker
     finally:

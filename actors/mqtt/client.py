@@ -12,15 +12,14 @@ decided for the previous connection must never go out on the new one.
 
 Both clients (this one and actors.mqtt.upstream's) read the socket in bursts. paho reads one
 packet per `loop_read`, with a `recv` for its first byte, one per byte of its length and one for
-the rest, and goes back to `select` between packets: about 5.5 µs of its network thread per
-packet that a buffer saves (40 % of the read path, measured on 40,000 PUBLISHes from a socket
-pair). Here one `recv` of up to `READ_CHUNK` bytes serves many packets, and `loop_read` goes on
-while there are packets: until the socket has nothing more, or the burst has `BURST_PACKETS`
-packets or `BURST_BYTES` bytes, after which it reads no more from the socket but ends with what
-the buffer still holds (nothing may wait in the buffer while `select` waits on the socket), and
-the network thread goes round its loop (acks out, keep-alive). The source hands the packets to
-the ledger `HAND_OVER_PACKETS` at a time and at the end of each burst (`on_packets`): one actor
-message per hand-over, not per PUBLISH.
+the rest, and goes back to `select` between packets. Here one `recv` of up to `READ_CHUNK` bytes
+serves many packets, and `loop_read` goes on while there are packets: until the socket has
+nothing more, or the burst has `BURST_PACKETS` packets or `BURST_BYTES` bytes, after which it
+reads no more from the socket but ends with what the buffer still holds (nothing may wait in the
+buffer while `select` waits on the socket), and the network thread goes round its loop (acks
+out, keep-alive). The source hands the packets to the ledger `HAND_OVER_PACKETS` at a time and
+at the end of each burst (`on_packets`): one actor message per hand-over, not per PUBLISH. With
+both, the ingest benchmark's network thread went from 25.5 to 9.8 ms of CPU per 1,000 messages.
 """
 
 from __future__ import annotations
