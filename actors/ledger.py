@@ -360,8 +360,8 @@ class InboundLedger(pykka.ThreadingActor):
             log.warning("inbound ledger ignored %r", message)
 
     def _take_burst(self, burst: InboundBurst) -> None:
-        """Each packet as if it came alone (an Inbound of its own, for the backlog), and the
-        intake gate told once."""
+        """A hand-over of the source: each packet as if it came alone (an Inbound of its own,
+        as the backlog and a rolled-back group keep them), and the intake gate told once."""
         applied = 0
         size = 0
         try:

@@ -60,8 +60,9 @@ class Inbound:
 
 @dataclass(frozen=True, slots=True)
 class InboundBurst:
-    """The packets one read burst of the source connection brought, in order (one actor
-    message for them all: actors.mqtt.client), with the way back for their acknowledgements."""
+    """Packets of the source connection handed over together, in the order they came (up to
+    HAND_OVER_PACKETS of a read burst in one actor message: actors.mqtt.client), with the way
+    back for their acknowledgements."""
 
     packets: tuple[InboundPublish | InboundPubrel, ...]
     acks: object  # actors.mqtt.client.AckSender
