@@ -619,7 +619,14 @@ class OutboundLedger(pykka.ThreadingActor):
         as PUBREL if 'pubrel' was committed, which the broker answers even for a finished
         exchange; QoS 1: a duplicate the `fxgate-key` property lets a consumer drop)."""
         self._flush_pending = False
-        if self._faults.waiting or not self._commit():
+        if self._faults.waiting:
+            return
+        if not self._faults.failing:
+            # What the window has room for now goes first: `_send_some` commits the acks'
+            # states with its own, one commit per round trip instead of two (under a busy
+            # interpreter lock each commit is a wait for it too: forwarding while draining).
+            self._pump()
+        if not self._commit():
             return  # the PUBRELs wait for their committed state (a retry is scheduled)
         due, self._pubrels_due = self._pubrels_due, []
         if due and self._connected and self._client is not None:
