@@ -374,8 +374,8 @@ class InboundLedger(pykka.ThreadingActor):
                 self._apply(message)
         except _StorageFailed:
             # That packet is in the backlog now; the rest of the burst goes behind it.
-            for message in list(burst)[applied:]:
-                self._defer(message)
+            for packet in burst.packets[applied:]:
+                self._defer(Inbound(packet, burst.acks))
         finally:
             if self._intake is not None and applied:
                 self._intake.taken(size, applied)
@@ -721,14 +721,13 @@ class InboundLedger(pykka.ThreadingActor):
         if group.records:
             for sink, feed in self._feeds.items():
                 target = self._targets.get(sink)
-                if target is None and not feed.caught_up:
-                    continue  # read back once wired
-                owed = _owed_to(sink, group.records)
                 if target is None:
-                    if owed and feed.caught_up:
-                        feed.behind_from(owed[0].seq)  # read back once wired
+                    if feed.caught_up:
+                        owed = _owed_to(sink, group.records)
+                        if owed:
+                            feed.behind_from(owed[0].seq)  # read back once wired
                     continue
-                handed = feed.offer(owed)
+                handed = feed.offer(_owed_to(sink, group.records))
                 if handed:
                     self._hand_on(target, handed)
         self._check_budget()

@@ -106,7 +106,15 @@ class EpochClient(mqtt.Client):
     they were decided for. Reconnects belong to our ConnectionActor (backoff on the injected
     clock), not to paho."""
 
-    def __init__(self, client_id: str, monotonic: Callable[[], float], manual_ack: bool) -> None:
+    def __init__(
+        self,
+        client_id: str,
+        monotonic: Callable[[], float],
+        manual_ack: bool,
+        on_arrived: Callable[[list], None],
+    ) -> None:
+        """`on_arrived` gets what the network thread translated (`_arrive`), in order, a list
+        at each hand-over (module docstring)."""
         super().__init__(
             callback_api_version=CallbackAPIVersion.VERSION2,
             client_id=client_id,
@@ -126,6 +134,10 @@ class EpochClient(mqtt.Client):
         self._buffer_sock: object = None
         self._burst_bytes = 0
         self._refill = True
+        # Translated since the last hand-over, and their payloads' bytes. Network thread only.
+        self._on_arrived = on_arrived
+        self._arrived: list = []
+        self._arrived_bytes = 0
 
     def reconnect(self) -> MQTTErrorCode:
         # A new epoch before paho drops its queued packets: a packet raced in after this point is
@@ -154,10 +166,10 @@ class EpochClient(mqtt.Client):
                     break
                 packets += 1
                 if packets % HAND_OVER_PACKETS == 0:
-                    self._burst_over()
+                    self._hand_over()
         finally:
             self._refill = True
-            self._burst_over()
+            self._hand_over()
         return rc
 
     def _sock_recv(self, bufsize: int) -> bytes:
@@ -176,9 +188,21 @@ class EpochClient(mqtt.Client):
         self._burst_bytes += len(data)
         return data
 
-    def _burst_over(self) -> None:
-        """The packets read since the last call have been handled, one by one: at the end of a
-        burst and every HAND_OVER_PACKETS within it."""
+    def _arrive(self, item: object, size: int = 0) -> None:
+        """One packet translated (`size`: its payload's bytes), to be handed over."""
+        self._arrived.append(item)
+        if size:
+            self._arrived_bytes += size
+            if self._arrived_bytes >= HAND_OVER_BYTES:
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Hand over what arrived: at the end of a burst, every HAND_OVER_PACKETS within it,
+        and at once past HAND_OVER_BYTES."""
+        if self._arrived:
+            arrived, self._arrived = self._arrived, []
+            self._arrived_bytes = 0
+            self._on_arrived(arrived)
 
     # -- packets from other threads ---------------------------------------------------------
 
@@ -202,10 +226,7 @@ class LedgerClient(EpochClient, AckSender):
     ) -> None:
         """`on_packets` gets the PUBLISHes and PUBRELs read, in the order they came, a list at
         each hand-over (module docstring)."""
-        super().__init__(client_id, monotonic, manual_ack=True)
-        self._on_packets = on_packets
-        self._arrived: list[InboundPublish | InboundPubrel] = []
-        self._arrived_bytes = 0
+        super().__init__(client_id, monotonic, manual_ack=True, on_arrived=on_packets)
 
     def send_ack(self, epoch: int, kind: AckKind, packet_id: int) -> bool:
         return self.send_acks(epoch, ((kind, packet_id),))
@@ -222,12 +243,6 @@ class LedgerClient(EpochClient, AckSender):
 
     # The overrides below run on paho's network thread. They only translate: no ack leaves here.
 
-    def _burst_over(self) -> None:
-        if self._arrived:
-            arrived, self._arrived = self._arrived, []
-            self._arrived_bytes = 0
-            self._on_packets(arrived)
-
     def _handle_publish(self) -> MQTTErrorCode:
         packet = decode_publish(self._in_packet["command"], self._in_packet["packet"])
         try:
@@ -235,7 +250,7 @@ class LedgerClient(EpochClient, AckSender):
             valid = True
         except UnicodeDecodeError:
             topic, valid = packet.topic.decode("utf-8", errors="replace"), False
-        self._arrived.append(
+        self._arrive(
             InboundPublish(
                 epoch=self.epoch,
                 packet_id=packet.packet_id,
@@ -247,15 +262,13 @@ class LedgerClient(EpochClient, AckSender):
                 payload=packet.payload,
                 expiry_interval=packet.expiry_interval,
                 received_monotonic=self._monotonic(),
-            )
+            ),
+            len(packet.payload),
         )
-        self._arrived_bytes += len(packet.payload)
-        if self._arrived_bytes >= HAND_OVER_BYTES:
-            self._burst_over()
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     def _handle_pubrel(self) -> MQTTErrorCode:
         # A PUBREL has the same shape as the acks: packet id, then an optional reason code.
         packet_id, _reason = decode_ack(self._in_packet["packet"])
-        self._arrived.append(InboundPubrel(epoch=self.epoch, packet_id=packet_id))
+        self._arrive(InboundPubrel(epoch=self.epoch, packet_id=packet_id))
         return MQTTErrorCode.MQTT_ERR_SUCCESS

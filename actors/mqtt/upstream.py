@@ -100,9 +100,7 @@ class UpstreamClient(EpochClient):
     ) -> None:
         """`on_acks` gets the acks read, in order, a list at each hand-over (the socket is read
         in bursts: actors.mqtt.client)."""
-        super().__init__(client_id, monotonic, manual_ack=False)
-        self._on_acks = on_acks
-        self._arrived: list[OutboundAck] = []
+        super().__init__(client_id, monotonic, manual_ack=False, on_arrived=on_acks)
         self.on_socket_open = _without_nagle
 
     def send_publish(self, epoch: int, message: OutboundPublish) -> bool:
@@ -141,18 +139,13 @@ class UpstreamClient(EpochClient):
 
     # Network thread: translate only.
 
-    def _burst_over(self) -> None:
-        if self._arrived:
-            arrived, self._arrived = self._arrived, []
-            self._on_acks(arrived)
-
     def _ack(self, kind: AckType) -> MQTTErrorCode:
         packet_id, code = decode_ack(self._in_packet["packet"])
         # The reason's name only when it says more than "Success" (paho's ReasonCode is costly).
         reason = "Success"
         if code:
             reason = str(ReasonCode(_ACK_PACKET_TYPE[kind], identifier=code))
-        self._arrived.append(OutboundAck(self.epoch, packet_id, kind, code, reason))
+        self._arrive(OutboundAck(self.epoch, packet_id, kind, code, reason))
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 
     def _handle_pubackcomp(self, cmd) -> MQTTErrorCode:
