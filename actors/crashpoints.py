@@ -26,7 +26,10 @@ POINTS = frozenset(
         "after_batch_begin_before_job",
         # Killed while the Spark job writes files (a timer fires shortly after the job starts).
         "mid_spark_job",
-        # The Spark job succeeded; the ledger does not know yet.
+        # pyarrow landing (spark.tables.ArrowTableWriter): a table's files of the batch are
+        # written and synced under their hidden staging name; no partition is swapped in yet.
+        "landing_after_write_before_swap",
+        # The Spark job (or pyarrow landing) succeeded; the ledger does not know yet.
         "after_spark_job_before_mark",
         # Upstream QoS 2: the broker's PUBREC arrived, not yet recorded (it has our PUBLISH).
         "after_publish_before_pubrec",

@@ -280,6 +280,7 @@ class Supervisor(WriterListener):
                     data_dir=cfg.gateway.data_path,
                 ),
                 parse_worker=cfg.spark.parse_worker,
+                land_with_arrow=cfg.spark.lands_with_arrow,
                 **self._writer_options,
             )
             pack = self._start(

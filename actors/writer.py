@@ -36,6 +36,7 @@ failures is one line more.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -173,11 +174,15 @@ class SparkWriterActor(pykka.ThreadingActor):
         reader_health: dict[str, dict] | None = None,
         compaction: CompactionSchedule | None = None,
         parse_worker: bool = False,
+        land_with_arrow: bool = True,
     ) -> None:
         super().__init__()
         # True: batches are parsed in a child process (spark.parse_worker), off this process's
         # GIL; the writer's thread waits for it with the GIL free for the intake.
         self._use_parse_worker = parse_worker
+        # True: batches are written by pyarrow (spark.tables.ArrowTableWriter) when the tables
+        # are on this disk; else, and for `table_writer` None, by Spark jobs (TableWriter).
+        self._land_with_arrow = land_with_arrow
         self._parse_worker: ParseWorker | None = None
         self._worker_deaths = 0
         # Batches in the worker's hands, oldest first (PIPELINE_DEPTH), and whether a flush
@@ -254,12 +259,21 @@ class SparkWriterActor(pykka.ThreadingActor):
         if self._use_parse_worker:
             # Before the Spark session: the child imports pyarrow while the JVM starts.
             self._start_parse_worker()
-        from spark.tables import TableWriter, clean_staging
+        from spark.tables import ArrowTableWriter, TableWriter, clean_staging
 
-        if self._table_writer is None:
-            self._table_writer = TableWriter
         # A remote location (hdfs://, s3a://) keeps its leftovers: readers ignore them anyway.
         local_tables = self._local_tables = local_path(self._tables_dir)
+        if self._table_writer is None:
+            arrow = self._land_with_arrow and local_tables is not None
+            self._table_writer = (
+                functools.partial(ArrowTableWriter, checkpoint=crash_point)
+                if arrow
+                else TableWriter
+            )
+            log.info(
+                "batches are written %s",
+                "by pyarrow in this process" if arrow else "by Spark jobs",
+            )
         if local_tables is not None and self._compaction is not None:
             # Before clean_staging: a `fxgate compact` still running has its Spark job's
             # `_temporary` files under the tables directory; the writer waits for it to end.

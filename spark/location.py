@@ -67,6 +67,11 @@ def _file_path(text: str, host: str, path: str) -> Path:
     return Path(os.path.normpath(path))
 
 
+def is_local_master(master: str) -> bool:
+    """`local`, `local[2]`, `local[*]`, `local[2,3]`: the executors run inside the driver."""
+    return master == "local" or master.startswith("local[")
+
+
 def local_path(location: Location) -> Path | None:
     """The local directory of `location`, or None when it is not on this machine's disk."""
     if isinstance(location, Path) or _SCHEME.match(location) is None:

@@ -34,6 +34,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from spark import cds
+from spark.location import is_local_master
 
 logger = logging.getLogger(__name__)
 
@@ -95,11 +96,6 @@ logger.blockmanager.level = error
 logger.arrow.name = org.apache.arrow
 logger.arrow.level = error
 """
-
-
-def is_local_master(master: str) -> bool:
-    """`local`, `local[2]`, `local[*]`, `local[2,3]`: the executors run inside the driver."""
-    return master == "local" or master.startswith("local[")
 
 
 def master_on_loopback(master: str) -> bool:

@@ -49,13 +49,15 @@ import os
 import re
 import shutil
 import time
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
+import pyarrow.parquet as pq
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -76,6 +78,15 @@ BATCH_ID = "batch_id"
 LANDING_BATCH_ID = "landing_batch_id"
 PARTITION_COLUMNS = (DATE, BATCH_ID)
 PARTITION_SCHEMA = pa.schema([(DATE, pa.string()), (BATCH_ID, pa.int64())])
+# Timestamps as the session writes them (TIMESTAMP_MICROS, UTC).
+UTC_MICROS = pa.timestamp("us", tz="UTC")
+# Hidden names of ArrowTableWriter's commit: a batch's files before the swap, and a replayed
+# partition's old files during it. Both readers skip them; clean_staging removes them.
+LANDING_PREFIX = ".landing-"
+OVERWRITTEN_PREFIX = ".overwritten-"
+# ArrowTableWriter's crash point: a table's files written and synced, none swapped in.
+LANDED_NOT_SWAPPED = "landing_after_write_before_swap"
+_LEFTOVER_PREFIXES = (".spark-staging", LANDING_PREFIX, OVERWRITTEN_PREFIX)
 
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _DATE_VALUE = r"^\d{4}-\d{2}-\d{2}$"
@@ -146,6 +157,136 @@ class TableWriter:
         return written
 
 
+class ArrowTableWriter:
+    """Writes one batch of tables with pyarrow, in this process: the same layout, files and
+    replay contract as `TableWriter`, without a Spark job.
+
+    For a tables directory on this machine's disk with a local Spark master (the defaults):
+    a Spark write turns the Arrow rows back into JVM rows on the driver, sorts them by
+    partition and writes them, about 40,000 rows/s on the JVM's one busy core (bench
+    `batched-*`); pyarrow writes the same rows as Parquet in C++, several times faster and
+    mostly outside the interpreter lock. Spark still reads, compacts and reports on the tables.
+
+    The commit mirrors Spark's dynamic overwrite. Each table's partitions of the batch are
+    written under a hidden ``{table}/.landing-<id>/`` directory and synced; then each
+    ``date=D/batch_id=N`` already there is renamed aside to a hidden
+    ``.overwritten-<id>-date=D-batch_id=N`` and the new one renamed into place, and the aside
+    one removed. Every hidden name is skipped by both readers (Spark's file index and
+    `pyarrow.dataset` skip ``.`` and ``_`` paths) and removed by `clean_staging` at start. A
+    kill between the two renames leaves the partition missing until the replay of the batch,
+    which the ledger owes because the batch was not yet committed: the same window as a Spark
+    job killed inside its commit.
+
+    The files hold what Spark would have written from the same Arrow table (the same column
+    types and nullability; timestamps as UTC microseconds, a tz-naive one taken as UTC as
+    Spark takes it) and no partition columns; tests/spark/test_tables.py compares the two.
+    """
+
+    def __init__(
+        self,
+        session: object,
+        tables_dir: Location,
+        checkpoint: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        local = local_path(tables_dir)
+        if local is None:
+            raise TablesNotReadable(
+                f"{tables_dir} is not on this machine's disk: batches go through Spark there"
+            )
+        self._tables_dir = local
+        # Called at LANDED_NOT_SWAPPED (the actors arm their crash point of that name there).
+        self._checkpoint = checkpoint
+
+    def cancel(self) -> None:
+        """Nothing runs that another thread could cancel: a local write ends or raises."""
+
+    def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
+        """As `TableWriter.write_batch`: every table of batch `batch_id`, validated first,
+        written one after the other; a replay replaces exactly the batch's partitions."""
+        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
+            raise ValueError(f"batch_id must be a non-negative int, got {batch_id!r}")
+        prepared = {
+            Path(table_path(self._tables_dir, name)): (
+                name,
+                _with_partition_columns(table, batch_id),
+            )
+            for name, table in tables.items()
+        }
+        started = time.perf_counter()
+        written: dict[str, int] = {}
+        for path, (name, table) in prepared.items():
+            written[name] = table.num_rows
+            if table.num_rows:
+                _land_partitions(path, batch_id, table, self._checkpoint)
+        logger.info(
+            "Batch %s written in %.2f s: %s",
+            batch_id,
+            time.perf_counter() - started,
+            ", ".join(f"{name}={rows}" for name, rows in written.items()),
+        )
+        return written
+
+
+def _land_partitions(
+    table_dir: Path, batch_id: int, table: pa.Table, checkpoint: Callable[[str], None]
+) -> None:
+    """Write `table`'s rows of batch `batch_id`, one file per date, then swap them in."""
+    token = uuid.uuid4().hex
+    staging = table_dir / f"{LANDING_PREFIX}{batch_id}-{token}"
+    data = _as_spark_writes(table.drop_columns(list(PARTITION_COLUMNS)))
+    dates = table.column(DATE)
+    staged: list[tuple[str, Path]] = []
+    for date in sorted(pc.unique(dates).to_pylist()):
+        partition = Path(f"{DATE}={date}") / f"{BATCH_ID}={batch_id}"
+        directory = staging / partition
+        directory.mkdir(parents=True)
+        rows = data.filter(pc.equal(dates, date))
+        with open(directory / f"part-00000-{token}.snappy.parquet", "wb") as file:
+            pq.write_table(rows, file, compression="snappy")
+            file.flush()
+            os.fsync(file.fileno())
+        staged.append((date, partition))
+    checkpoint(LANDED_NOT_SWAPPED)
+    for date, partition in staged:
+        target = table_dir / partition
+        target.parent.mkdir(parents=True, exist_ok=True)
+        aside = table_dir / f"{OVERWRITTEN_PREFIX}{token}-{DATE}={date}-{BATCH_ID}={batch_id}"
+        try:
+            target.rename(aside)
+        except FileNotFoundError:
+            aside = None
+        (staging / partition).rename(target)
+        _sync_directory(target.parent)
+        if aside is not None:
+            shutil.rmtree(aside)
+    shutil.rmtree(staging)
+
+
+def _as_spark_writes(table: pa.Table) -> pa.Table:
+    """`table` with the column types a Spark write would have given it."""
+    fields = []
+    for field in table.schema:
+        kind = field.type
+        if pa.types.is_timestamp(kind):
+            kind = UTC_MICROS
+        elif pa.types.is_large_string(kind):
+            kind = pa.string()
+        elif pa.types.is_large_binary(kind):
+            kind = pa.binary()
+        fields.append(field.with_type(kind))
+    schema = pa.schema(fields)
+    # A nanosecond timestamp loses its last digits, as Spark's microseconds lose them.
+    return table if schema == table.schema else table.cast(schema, safe=False)
+
+
+def _sync_directory(directory: Path) -> None:
+    descriptor = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
 def _with_partition_columns(table: pa.Table, batch_id: int) -> pa.Table:
     names = table.schema.names
     if DATE not in names:
@@ -173,7 +314,8 @@ def _with_partition_columns(table: pa.Table, batch_id: int) -> pa.Table:
 def clean_staging(tables_dir: Path) -> list[Path]:
     """Delete what killed write jobs left under `tables_dir`; return the removed paths.
 
-    Removes `.spark-staging-*` and `_temporary` entries at any depth. Both readers already
+    Removes `.spark-staging-*` and `_temporary` entries (Spark's) and `.landing-*` and
+    `.overwritten-*` ones (ArrowTableWriter's) at any depth. Both readers already
     ignore them; this only reclaims space. Never call it while a write is running: those
     directories are then the running job's output.
 
@@ -184,7 +326,7 @@ def clean_staging(tables_dir: Path) -> list[Path]:
     removed: list[Path] = []
     for root, dirnames, filenames in os.walk(tables_dir):
         for name in list(dirnames) + filenames:
-            if not (name.startswith(".spark-staging") or name == "_temporary"):
+            if not (name.startswith(_LEFTOVER_PREFIXES) or name == "_temporary"):
                 continue
             path = Path(root) / name
             try:

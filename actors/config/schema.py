@@ -61,7 +61,7 @@ from actors.config.routes import (
     check_target,
     render_target,
 )
-from spark.location import parse_location
+from spark.location import is_local_master, local_path, parse_location
 from spark.topics import check_topic_filter, topic_matches
 
 logger = logging.getLogger(__name__)
@@ -466,6 +466,9 @@ class SparkConfig(_Section):
     # Batches are parsed in a child process (spark/parse_worker.py), off the daemon's GIL, on
     # the core the intake does not use; false parses them in the writer's thread.
     parse_worker: bool = True
+    # "auto": batches written by pyarrow when the master is local and the tables are on this
+    # disk (spark.tables.ArrowTableWriter), else by Spark jobs; "spark": always by Spark jobs.
+    landing: Literal["auto", "spark"] = "auto"
     conf: Annotated[dict[str, SparkConfValue], AfterValidator(_non_empty_key)] = Field(
         default_factory=dict
     )
@@ -484,6 +487,15 @@ class SparkConfig(_Section):
         if value is not None:
             parse_location(value)
         return value
+
+    @property
+    def lands_with_arrow(self) -> bool:
+        """Whether the writer writes batches with pyarrow: see `landing`."""
+        return (
+            self.landing == "auto"
+            and is_local_master(self.master)
+            and local_path(self.tables_path(Path())) is not None
+        )
 
     def tables_path(self, data_path: Path) -> Path | str:
         """Where the tables live: `tables_dir` (a path relative to the working directory, a

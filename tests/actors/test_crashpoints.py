@@ -37,27 +37,36 @@ def test_a_crash_point_counts_its_hits_before_it_fires(monkeypatch):
         crashpoints.arm(None)
 
 
+# The daemon writes batches with pyarrow by default ([spark] landing = "auto"); the points of a
+# Spark job's write are reached with landing = "spark".
+SPARK_JOBS = {"FXGATE__SPARK__LANDING": "spark"}
 CASES = [
-    ("after_ledger_commit_before_ack", 1, "5"),
-    ("after_ledger_commit_before_ack", 2, "5"),
-    ("after_pubrec_before_pubrel", 2, "40"),
-    ("after_batch_begin_before_job", 1, "1"),
-    ("after_batch_begin_before_job", 2, "1"),
-    ("mid_spark_job", 1, "1"),
-    ("mid_spark_job", 2, "1"),
-    ("after_spark_job_before_mark", 1, "1"),
-    ("after_spark_job_before_mark", 2, "1"),
+    ("after_ledger_commit_before_ack", 1, "5", {}),
+    ("after_ledger_commit_before_ack", 2, "5", {}),
+    ("after_pubrec_before_pubrel", 2, "40", {}),
+    ("after_batch_begin_before_job", 1, "1", {}),
+    ("after_batch_begin_before_job", 2, "1", {}),
+    ("landing_after_write_before_swap", 1, "1", {}),
+    ("landing_after_write_before_swap", 2, "1", {}),
+    ("after_spark_job_before_mark", 1, "1", {}),
+    ("mid_spark_job", 1, "1", SPARK_JOBS),
+    ("mid_spark_job", 2, "1", SPARK_JOBS),
+    ("after_spark_job_before_mark", 2, "1", SPARK_JOBS),
 ]
 
 
 @pytest.mark.broker
 @pytest.mark.spark
-@pytest.mark.parametrize(("point", "qos", "hit"), CASES, ids=[f"{p}-qos{q}" for p, q, _ in CASES])
+@pytest.mark.parametrize(
+    ("point", "qos", "hit", "landing"),
+    CASES,
+    ids=[f"{p}-qos{q}{'-spark' if extra else ''}" for p, q, _, extra in CASES],
+)
 def test_a_kill_at_a_named_crash_point_loses_and_doubles_nothing(
-    point, qos, hit, mosquitto, daemon_factory, spark_session, tmp_path
+    point, qos, hit, landing, mosquitto, daemon_factory, spark_session, tmp_path
 ):
     data = tmp_path / "data"
-    env = gateway_env(mosquitto, data)
+    env = {**gateway_env(mosquitto, data), **landing}
     doomed = daemon_factory({**env, "FXGATE_CRASH_AT": f"{point}:{hit}"})
     doomed.wait_for_log(r"source: subscribed", timeout=60)
     published = simulate(mosquitto.host, mosquitto.port, readers=2, rate=0, count=300, qos=qos)

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from actors.devtools.simulate import expected_read_ids, simulate
+from spark.location import is_local_master
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
-from spark.session import is_local_master, master_on_loopback
+from spark.session import master_on_loopback
 from tests.harness.checks import wait_until_landed
 from tests.harness.daemon import gateway_env
 from tests.harness.publisher import SoakPublisher

@@ -8,8 +8,12 @@ import pytest
 
 from spark.tables import (
     DEAD_LETTERS,
+    LANDING_PREFIX,
+    OVERWRITTEN_PREFIX,
     PARTITION_SCHEMA,
     READS,
+    ArrowTableWriter,
+    TablesNotReadable,
     TableWriter,
     clean_staging,
     read_table,
@@ -17,6 +21,9 @@ from spark.tables import (
 )
 
 pytestmark = pytest.mark.spark
+
+# The two ways a batch is written (spark/tables.py): the contract tests run against both.
+WRITERS = pytest.mark.parametrize("writer_class", [TableWriter, ArrowTableWriter])
 
 DAY_1 = "2026-11-21"
 DAY_2 = "2026-11-22"
@@ -44,14 +51,16 @@ def leftovers(tables_dir) -> list[str]:
     return sorted(
         str(path.relative_to(tables_dir))
         for path in tables_dir.rglob("*")
-        if path.name.startswith(".spark-staging") or path.name == "_temporary"
+        if path.name.startswith((".spark-staging", LANDING_PREFIX, OVERWRITTEN_PREFIX))
+        or path.name == "_temporary"
     )
 
 
+@WRITERS
 def test_replaying_a_batch_replaces_its_rows_and_leaves_other_batches_alone(
-    spark_session, tmp_path
+    spark_session, tmp_path, writer_class
 ):
-    writer = TableWriter(spark_session, tmp_path)
+    writer = writer_class(spark_session, tmp_path)
     writer.write_batch(1, {READS: reads([1, 2, 3, 4, 5])})
     writer.write_batch(2, {READS: reads([10, 11], payload="other")})
 
@@ -80,10 +89,11 @@ def test_a_replay_stays_dynamic_when_the_session_default_was_switched_to_static(
     assert sorted(rows_by_batch(tmp_path)) == [1, 2]
 
 
+@WRITERS
 def test_two_batches_on_two_dates_are_both_present_and_both_readers_see_the_same_ids(
-    spark_session, tmp_path
+    spark_session, tmp_path, writer_class
 ):
-    writer = TableWriter(spark_session, tmp_path)
+    writer = writer_class(spark_session, tmp_path)
     writer.write_batch(3, {READS: reads([1, 2, 3], date=DAY_1)})
     writer.write_batch(4, {READS: reads([4, 5], date=DAY_2)})
 
@@ -108,8 +118,11 @@ def test_two_batches_on_two_dates_are_both_present_and_both_readers_see_the_same
     assert dict(spark.dtypes)["batch_id"] == "bigint"
 
 
-def test_a_write_leaves_no_staging_or_temporary_directory_behind(spark_session, tmp_path):
-    writer = TableWriter(spark_session, tmp_path)
+@WRITERS
+def test_a_write_leaves_no_staging_or_temporary_directory_behind(
+    spark_session, tmp_path, writer_class
+):
+    writer = writer_class(spark_session, tmp_path)
     writer.write_batch(1, {READS: reads([1, 2], date=DAY_1), DEAD_LETTERS: reads([9], DAY_2)})
     writer.write_batch(1, {READS: reads([1, 2], date=DAY_1), DEAD_LETTERS: reads([9], DAY_2)})
 
@@ -144,10 +157,11 @@ def test_leftovers_of_a_killed_job_are_ignored_by_both_readers_and_removed_by_cl
     assert sorted(read_table_arrow(tmp_path, READS).column("id").to_pylist()) == [1, 2]
 
 
-def test_an_empty_table_writes_no_rows_and_raises_nothing(spark_session, tmp_path):
+@WRITERS
+def test_an_empty_table_writes_no_rows_and_raises_nothing(spark_session, tmp_path, writer_class):
     empty = reads([])
 
-    written = TableWriter(spark_session, tmp_path).write_batch(
+    written = writer_class(spark_session, tmp_path).write_batch(
         5, {DEAD_LETTERS: empty, READS: reads([1])}
     )
 
@@ -177,8 +191,9 @@ def test_a_table_holding_only_a_killed_first_write_reads_as_empty(spark_session,
     assert read_table(spark_session, tmp_path, READS).count() == 0
 
 
+@WRITERS
 def test_timestamps_and_integer_types_round_trip_through_the_non_spark_reader(
-    spark_session, tmp_path
+    spark_session, tmp_path, writer_class
 ):
     stamp = datetime(2026, 11, 21, 23, 59, 59, 123456, tzinfo=UTC)
     columns = {
@@ -193,7 +208,7 @@ def test_timestamps_and_integer_types_round_trip_through_the_non_spark_reader(
     }
     table = pa.table({**columns, "date": [DAY_1, DAY_1]})
 
-    TableWriter(spark_session, tmp_path).write_batch(6, {READS: table})
+    writer_class(spark_session, tmp_path).write_batch(6, {READS: table})
     back = read_table_arrow(tmp_path, READS).sort_by("i8")
 
     # Observed: every type comes back unchanged, the partition columns last.
@@ -204,10 +219,11 @@ def test_timestamps_and_integer_types_round_trip_through_the_non_spark_reader(
     assert spark_row.i64 == -(2**63)
 
 
+@WRITERS
 def test_a_batch_id_column_is_added_when_missing_and_must_match_when_present(
-    spark_session, tmp_path
+    spark_session, tmp_path, writer_class
 ):
-    writer = TableWriter(spark_session, tmp_path)
+    writer = writer_class(spark_session, tmp_path)
     with_ids = reads([1]).append_column("batch_id", pa.array([7], pa.int32()))
 
     writer.write_batch(7, {READS: with_ids})
@@ -217,10 +233,13 @@ def test_a_batch_id_column_is_added_when_missing_and_must_match_when_present(
     assert rows_by_batch(tmp_path) == {7: [(1, "first-1")]}
 
 
-def test_a_bad_table_is_rejected_before_any_table_of_the_batch_is_written(spark_session, tmp_path):
+@WRITERS
+def test_a_bad_table_is_rejected_before_any_table_of_the_batch_is_written(
+    spark_session, tmp_path, writer_class
+):
     no_date = reads([2]).drop_columns(["date"])
     bad_date = reads([3], date="21/11/2026")
-    writer = TableWriter(spark_session, tmp_path)
+    writer = writer_class(spark_session, tmp_path)
 
     with pytest.raises(ValueError, match="'date' column"):
         writer.write_batch(1, {DEAD_LETTERS: reads([1]), READS: no_date})
@@ -228,3 +247,110 @@ def test_a_bad_table_is_rejected_before_any_table_of_the_batch_is_written(spark_
         writer.write_batch(1, {DEAD_LETTERS: reads([1]), READS: bad_date})
 
     assert not (tmp_path / DEAD_LETTERS).exists()
+
+
+def fx9600_batch(batch_id: int, messages: int = 4):
+    """A real batch's tables (spark.schema.build_batch): FX9600 reads, one of them batched, and
+    one malformed message, so that every column type of `reads` and `dead_letters` is there."""
+    from actors.devtools.simulate import TagEventGenerator
+    from persistence.records import LedgerRecord
+    from spark.schema import build_batch
+
+    generator = TagEventGenerator("fx9600-01", wall=lambda: 1.79e9)
+    payloads = [generator.next_payload(3 if i == 0 else 1) for i in range(messages)]
+    records = [
+        LedgerRecord(
+            seq=batch_id * 100 + i,
+            message_key=f"{batch_id * 100 + i:032x}",
+            topic="zebra/fx/fx9600-01/reads",
+            payload=payload,
+            qos=1,
+            received_time=1.79e9,
+            pack_id=batch_id,
+        )
+        for i, payload in enumerate([*payloads, b"{not json"])
+    ]
+    return build_batch(records, batch_id)
+
+
+def test_spark_reads_the_arrow_writers_files_with_the_types_of_its_own(spark_session, tmp_path):
+    spark_dir, arrow_dir, mixed_dir = tmp_path / "spark", tmp_path / "arrow", tmp_path / "mixed"
+    first, second = fx9600_batch(1), fx9600_batch(2)
+    for writer, _directory in (
+        (TableWriter(spark_session, spark_dir), spark_dir),
+        (ArrowTableWriter(spark_session, arrow_dir), arrow_dir),
+    ):
+        writer.write_batch(1, {READS: first.reads, DEAD_LETTERS: first.dead_letters})
+    # One table with batches of both kinds: the daemon's tables after a change of master.
+    TableWriter(spark_session, mixed_dir).write_batch(1, {READS: first.reads})
+    ArrowTableWriter(spark_session, mixed_dir).write_batch(2, {READS: second.reads})
+
+    for name in (READS, DEAD_LETTERS):
+        by_spark = read_table(spark_session, spark_dir, name)
+        by_arrow = read_table(spark_session, arrow_dir, name)
+        assert by_arrow.dtypes == by_spark.dtypes
+        assert sorted(by_arrow.collect()) == sorted(by_spark.collect())
+        assert read_table_arrow(arrow_dir, name).schema.remove_metadata() == (
+            read_table_arrow(spark_dir, name).schema.remove_metadata()
+        )
+    mixed = read_table(spark_session, mixed_dir, READS)
+    assert mixed.dtypes == read_table(spark_session, spark_dir, READS).dtypes
+    assert mixed.count() == first.reads.num_rows + second.reads.num_rows == 12
+    assert sorted(read_table_arrow(mixed_dir, READS).column("message_id").to_pylist()) == sorted(
+        first.reads.column("message_id").to_pylist() + second.reads.column("message_id").to_pylist()
+    )
+
+
+def test_a_kill_between_the_swaps_renames_hides_the_batch_until_its_replay_heals_it(
+    spark_session, tmp_path, monkeypatch
+):
+    writer = ArrowTableWriter(spark_session, tmp_path)
+    writer.write_batch(1, {READS: reads([1, 2], date=DAY_1)})
+    writer.write_batch(2, {READS: reads([5], date=DAY_1)})
+    renames = []
+    real_rename = type(tmp_path).rename
+
+    def killed_after_the_first(self, target):
+        if renames:
+            raise SystemExit("killed")  # stands in for the SIGKILL: nothing after it runs
+        renames.append(target)
+        return real_rename(self, target)
+
+    monkeypatch.setattr(type(tmp_path), "rename", killed_after_the_first)
+    with pytest.raises(SystemExit):
+        writer.write_batch(1, {READS: reads([1, 2], date=DAY_1, payload="replay")})
+    monkeypatch.undo()
+
+    # The old partition is aside and the new one staged: neither reader sees batch 1.
+    assert renames[0].name.startswith(OVERWRITTEN_PREFIX)
+    assert rows_by_batch(tmp_path) == {2: [(5, "first-5")]}
+    assert sorted(r.id for r in read_table(spark_session, tmp_path, READS).collect()) == [5]
+    assert len(clean_staging(tmp_path)) == 2
+    assert leftovers(tmp_path) == []
+
+    writer.write_batch(1, {READS: reads([1, 2], date=DAY_1, payload="replay")})
+    assert rows_by_batch(tmp_path) == {
+        1: [(1, "replay-1"), (2, "replay-2")],
+        2: [(5, "first-5")],
+    }
+
+
+def test_the_arrow_writer_leaves_its_files_synced_one_per_date_and_partition(
+    spark_session, tmp_path
+):
+    table = pa.concat_tables([reads([1, 2], date=DAY_1), reads([3], date=DAY_2)])
+
+    ArrowTableWriter(spark_session, tmp_path).write_batch(4, {READS: table})
+
+    files = sorted(p.relative_to(tmp_path / READS) for p in (tmp_path / READS).rglob("*.parquet"))
+    assert [str(p.parent) for p in files] == [
+        f"date={DAY_1}/batch_id=4",
+        f"date={DAY_2}/batch_id=4",
+    ]
+    # No partition column inside the files: the path holds them, as in Spark's files.
+    assert pq.read_schema(tmp_path / READS / files[0]).names == ["id", "payload"]
+
+
+def test_the_arrow_writer_refuses_tables_that_are_not_on_this_disk(spark_session):
+    with pytest.raises(TablesNotReadable, match="not on this machine's disk"):
+        ArrowTableWriter(spark_session, "hdfs://namenode/fxgate/tables")
