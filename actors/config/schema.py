@@ -674,7 +674,8 @@ class Config(BaseModel):
         lines += [
             f"data dir {gateway.data_path} (ledger {self.ledger_path})",
             (
-                f"spark master {spark.master}, driver memory {spark.driver_memory}, "
+                f"spark master {spark.master}, driver memory {spark.driver_memory}, batches "
+                f"written by {'pyarrow' if spark.lands_with_arrow else 'Spark jobs'}, "
                 f"tables {self.tables_path}, writer credit "
                 f"{spark.backlog_high_messages}/{spark.backlog_low_messages} rows, "
                 f"extra conf keys: {conf_keys}"

@@ -321,3 +321,75 @@ def expect(key: str, topic: str, payload: bytes) -> tuple:
     if reason is not None:
         return ("dead", (key, reason, payload[:4096]))
     return ("rows", [f"{key}:{i}" for i in range(len(reads))])
+
+
+# -- orjson where it reads as json does (spark.zebra._loads) ------------------------------------
+
+NUMBER_TEXT = st.from_regex(
+    r"\A-?(0|[1-9][0-9]{0,24})(\.[0-9]{1,24})?([eE][-+]?[0-9]{1,3})?\Z", fullmatch=True
+)
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**80), max_value=2**80)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),  # lone surrogates too: json.dumps escapes them as \udXXX
+    lambda inner: (
+        st.lists(inner, max_size=5) | st.dictionaries(st.text(max_size=8), inner, max_size=5)
+    ),
+    max_leaves=20,
+)
+
+
+def read_by_json(text: str) -> str:
+    from spark.zebra import _DECODER
+
+    try:
+        return repr(_DECODER.decode(text))
+    except ValueError:
+        return "refused"
+
+
+def read_fast(text: str) -> str:
+    from spark.zebra import _loads
+
+    try:
+        return repr(_loads(text.encode("utf-8", "surrogatepass"), text))
+    except ValueError:
+        return "refused"
+
+
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(value=JSON_VALUES, ascii_only=st.booleans())
+def test_the_fast_decoder_reads_every_document_as_json_does(value, ascii_only):
+    text = json.dumps(value, ensure_ascii=ascii_only)
+    if not ascii_only:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # not a payload: parse_payload refuses it as invalid_utf8
+            return
+    # repr tells 1 from 1.0 and -0.0 from 0.0: the values must be the same, types and all.
+    assert read_fast(text) == read_by_json(text)
+
+
+@settings(max_examples=1500, deadline=None)
+@given(number=NUMBER_TEXT, wrap=st.sampled_from(["{}", "[{}]", '{{"data": {{"eventNum": {}}}}}']))
+def test_the_fast_decoder_reads_every_number_as_json_does(number, wrap):
+    text = wrap.format(number)
+    assert read_fast(text) == read_by_json(text)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[18446744073709551616]",  # one past uint64: orjson gives a float
+        "[-9223372036854775809]",  # one below int64
+        "[123456789012345678901234567890]",
+        "[1e400]",  # json: inf, kept in extra_fields as 1e999; orjson refuses it
+        '["\\ud800"]',  # a lone surrogate escape: json keeps it, orjson refuses it
+        "[NaN]",  # both refuse
+        '{"a": 1, "a": 2}',
+    ],
+)
+def test_the_inputs_where_orjson_and_json_differ_are_read_as_json_reads_them(text):
+    assert read_fast(text) == read_by_json(text)

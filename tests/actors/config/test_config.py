@@ -434,6 +434,32 @@ def test_explicit_tables_dir_is_used_as_given(tmp_path):
     assert load(path).tables_path == tmp_path / "t"
 
 
+@pytest.mark.parametrize(
+    ("spark", "arrow"),
+    [
+        ("", True),
+        ('master = "local[*]"\n', True),
+        ('landing = "spark"\n', False),
+        ('master = "spark://10.0.0.9:7077"\n', False),
+        ('tables_dir = "hdfs://namenode/fxgate"\n', False),
+        ('tables_dir = "file:///var/lib/fxgate/tables"\n', True),
+    ],
+)
+def test_batches_are_written_by_pyarrow_only_with_a_local_master_and_tables_on_this_disk(
+    tmp_path, spark, arrow
+):
+    config = load(write(tmp_path, f"[spark]\n{spark}"))
+    assert config.spark.lands_with_arrow is arrow
+    assert ("batches written by pyarrow" if arrow else "batches written by Spark jobs") in "\n".join(
+        config.summary_lines()
+    )
+
+
+def test_an_unknown_landing_is_refused_with_its_key_named(tmp_path):
+    (error,) = errors_of(write(tmp_path, '[spark]\nlanding = "duckdb"\n'))
+    assert "spark.landing" in error
+
+
 def test_summary_lines_show_what_an_operator_checks_at_start(tmp_path):
     path = write(
         tmp_path,
