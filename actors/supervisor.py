@@ -281,6 +281,7 @@ class Supervisor(WriterListener):
                 ),
                 parse_worker=cfg.spark.parse_worker,
                 land_with_arrow=cfg.spark.lands_with_arrow,
+                parse_helpers=cfg.spark.parse_helpers,
                 **self._writer_options,
             )
             pack = self._start(

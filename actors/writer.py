@@ -175,11 +175,14 @@ class SparkWriterActor(pykka.ThreadingActor):
         compaction: CompactionSchedule | None = None,
         parse_worker: bool = False,
         land_with_arrow: bool = True,
+        parse_helpers: int = 0,
     ) -> None:
         super().__init__()
         # True: batches are parsed in a child process (spark.parse_worker), off this process's
         # GIL; the writer's thread waits for it with the GIL free for the intake.
         self._use_parse_worker = parse_worker
+        # Processes the worker starts beside it to build parts of large batches at once.
+        self._parse_helpers = parse_helpers
         # True: batches are written by pyarrow (spark.tables.ArrowTableWriter) when the tables
         # are on this disk; else, and for `table_writer` None, by Spark jobs (TableWriter).
         self._land_with_arrow = land_with_arrow
@@ -344,7 +347,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         return None if self._parse_worker is None else self._parse_worker.pid
 
     def _start_parse_worker(self) -> None:
-        self._parse_worker = ParseWorker(self._build_options)
+        self._parse_worker = ParseWorker(self._build_options, helpers=self._parse_helpers)
         self._parse_worker.start()
 
     def _stop_parse_worker(self) -> None:

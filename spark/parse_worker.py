@@ -24,6 +24,7 @@ leaves a parser behind.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import pickle
@@ -52,6 +53,12 @@ log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("!Q")
 
+# A batch of this much or more (payload bytes, plus RECORD_OVERHEAD_BYTES a record) is built in
+# parts by the worker and its helpers at once; a smaller one costs more to hand over than the
+# parts save (the latency run's batches are far below it, batched payloads' far above).
+SPLIT_MIN_BYTES = 1024 * 1024
+RECORD_OVERHEAD_BYTES = 200
+
 
 class ParseWorkerDied(RuntimeError):
     """The child is gone (killed, or out of memory); the batch was not parsed."""
@@ -70,7 +77,11 @@ class BuildOptions:
     management_filters: tuple[str, ...] = ()
 
     def build(
-        self, records: Sequence[LedgerRecord], batch_id: int, known_readers: Collection[str]
+        self,
+        records: Sequence[LedgerRecord],
+        batch_id: int,
+        known_readers: Collection[str],
+        part: bool = False,
     ) -> BatchTables:
         from persistence.keys import READ_KEYS
         from spark.schema import build_batch
@@ -84,6 +95,7 @@ class BuildOptions:
             max_reads=self.max_reads,
             management_filters=self.management_filters,
             known_readers=known_readers,
+            part=part,
         )
 
 
@@ -104,18 +116,141 @@ def prepare_batch(
     options: BuildOptions,
     readers: Mapping[str, ReaderCount] | None,
     reader_health: Mapping[str, Mapping[str, object]],
+    helpers: Sequence[_Helper] = (),
 ) -> PreparedBatch:
     """Build the batch's tables (known readers: those of `reader_health`); count its reads on
     `readers` (the counters committed with the last batch), unless that is None; observe its
-    messages on `reader_health`. Neither mapping is changed."""
+    messages on `reader_health`. Neither mapping is changed. With `helpers` (in the worker), a
+    large batch is built in parts, one here and one in each helper, at the same time."""
     from spark.reader_health import observe_all
 
-    tables = options.build(records, batch_id, reader_health.keys())
+    tables = _build(records, batch_id, options, reader_health.keys(), helpers)
     health = observe_all(reader_health, list(tables.observations))
     counted = (
         None if readers is None else count_readers(readers, tables.reads, tables.reader_events)
     )
     return PreparedBatch(replace(tables, observations=()), counted, health)
+
+
+def _build(
+    records: Sequence[LedgerRecord],
+    batch_id: int,
+    options: BuildOptions,
+    known: Collection[str],
+    helpers: Sequence[_Helper],
+) -> BatchTables:
+    """`options.build(records, batch_id, known)`, in parts when helpers can take some: the
+    parts (runs of about equal payload bytes) are built at once, here and in the helpers, and
+    joined (spark.schema.join_parts: the same tables and observations as one build)."""
+    from spark.schema import join_parts
+
+    live = [helper for helper in helpers if helper.alive]
+    size = sum(len(r.payload) + RECORD_OVERHEAD_BYTES for r in records)
+    if not live or size < SPLIT_MIN_BYTES or len(records) < 2:
+        return options.build(records, batch_id, known)
+    runs = _runs(records, len(live) + 1, size)
+    sent = [(helper, run) for helper, run in zip(live, runs[1:], strict=False)]
+    for helper, run in sent:
+        helper.send(run, batch_id, options, known)
+    try:
+        parts: list[BatchTables | Exception | None] = [
+            options.build(runs[0], batch_id, known, part=True)
+        ]
+    except Exception as error:  # raised below, once every helper's reply is read
+        parts = [error]
+    parts += [helper.receive() for helper, _ in sent]
+    for index, built in enumerate(parts):
+        if isinstance(built, Exception):
+            raise built
+        if built is None:  # the helper died: its run is built here
+            parts[index] = options.build(runs[index], batch_id, known, part=True)
+    return join_parts(parts)
+
+
+def _runs(records: Sequence[LedgerRecord], count: int, size: int) -> list[Sequence]:
+    """`records` cut into `count` consecutive runs of about equal weight (none empty)."""
+    cuts, weight, share = [], 0, size / count
+    for index, record in enumerate(records):
+        weight += len(record.payload) + RECORD_OVERHEAD_BYTES
+        if len(cuts) < count - 1 and weight >= share * (len(cuts) + 1) and index + 1 < len(records):
+            cuts.append(index + 1)
+    bounds = [0, *cuts, len(records)]
+    return [records[a:b] for a, b in itertools.pairwise(bounds)]
+
+
+class _Helper:
+    """A child of the worker that builds runs of its batches (`serve_parts`): the worker's
+    second core. It ends when its stdin closes, as the worker does when the daemon's closes:
+    a killed daemon leaves neither behind. One that died is not asked again; the worker builds
+    its runs itself and says so."""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = subprocess.Popen(
+            [sys.executable, "-m", __name__, "--part"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        log.info("parse helper started (pid %d)", self._proc.pid)
+
+    @property
+    def alive(self) -> bool:
+        return self._proc is not None
+
+    @property
+    def pid(self) -> int | None:
+        return None if self._proc is None else self._proc.pid
+
+    def send(
+        self, records: Sequence[LedgerRecord], batch_id: int, options: BuildOptions, known
+    ) -> None:
+        if self._proc is not None:
+            try:
+                _send(self._proc.stdin, (_columns(records), batch_id, options, tuple(known)))
+            except OSError as error:
+                self._lost(error)
+
+    def receive(self) -> BatchTables | Exception | None:
+        """The run's part, or what its build raised; None if the helper died."""
+        if self._proc is None:
+            return None
+        try:
+            _, value = _receive(self._proc.stdout)
+        except (EOFError, OSError) as error:
+            self._lost(error)
+            return None
+        return value
+
+    def _lost(self, error: Exception) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            code = proc.poll()
+            log.error(
+                "parse helper (pid %d) is gone (%s, exit status %s): this worker builds its "
+                "batches alone from now on",
+                proc.pid,
+                type(error).__name__,
+                code,
+            )
+            self._end(proc)
+
+    def close(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            self._end(proc)
+
+    @staticmethod
+    def _end(proc: subprocess.Popen) -> None:
+        for pipe in (proc.stdin, proc.stdout):
+            try:
+                pipe.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def count_readers(
@@ -247,8 +382,10 @@ class ParseWorker:
     request, a receiver thread resolves the futures in order), so the caller can write one batch
     to Spark while the child parses the next; `prepare` is submit-and-wait."""
 
-    def __init__(self, options: BuildOptions) -> None:
+    def __init__(self, options: BuildOptions, helpers: int = 0) -> None:
         self.options = options
+        # Processes the child starts to build parts of large batches beside it (`_Helper`).
+        self.helpers = helpers
         self._proc: subprocess.Popen | None = None
         self._lock = threading.Lock()
         self._waiting: deque[Future] = deque()  # submitted, reply not yet read; in order
@@ -263,7 +400,7 @@ class ParseWorker:
     def start(self) -> None:
         """Spawn the child (it imports pyarrow while the caller goes on: about 0.3 s)."""
         self._proc = proc = subprocess.Popen(
-            [sys.executable, "-m", __name__],
+            [sys.executable, "-m", __name__, "--helpers", str(self.helpers)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             close_fds=True,
@@ -403,7 +540,7 @@ def _receive(pipe: BinaryIO) -> object:
     return pickle.loads(data)
 
 
-def serve(requests: BinaryIO, replies: BinaryIO) -> None:
+def serve(requests: BinaryIO, replies: BinaryIO, helpers: Sequence[_Helper] = ()) -> None:
     """The child's loop: a reply per request, until the requests end. It keeps the states after
     each of the last batches it prepared, for the requests that follow them (After)."""
     after: dict[int, tuple[dict | None, dict]] = {}
@@ -411,6 +548,8 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
         try:
             columns, batch_id, options, base = _receive(requests)
         except EOFError:
+            for helper in helpers:
+                helper.close()
             return
         try:
             if isinstance(base, After):
@@ -420,7 +559,7 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
             else:
                 readers, health = base.readers, base.reader_health
             records = [LedgerRecord(*values) for values in zip(*columns, strict=True)]
-            prepared = prepare_batch(records, batch_id, options, readers, health)
+            prepared = prepare_batch(records, batch_id, options, readers, health, helpers)
             after[batch_id] = (
                 None if readers is None else {**readers, **prepared.readers},
                 {**health, **prepared.health},
@@ -429,6 +568,21 @@ def serve(requests: BinaryIO, replies: BinaryIO) -> None:
                 del after[next(iter(after))]
             reply = (True, prepared)
         except Exception as error:  # the parent raises it: the writer decides, as in-process
+            reply = (False, _portable(error))
+        _send(replies, reply)
+
+
+def serve_parts(requests: BinaryIO, replies: BinaryIO) -> None:
+    """A helper's loop: the part of each run asked for (`_build`), until the requests end."""
+    while True:
+        try:
+            columns, batch_id, options, known = _receive(requests)
+        except EOFError:
+            return
+        try:
+            records = [LedgerRecord(*values) for values in zip(*columns, strict=True)]
+            reply = (True, options.build(records, batch_id, known, part=True))
+        except Exception as error:
             reply = (False, _portable(error))
         _send(replies, reply)
 
@@ -451,7 +605,12 @@ def main() -> None:
     # The replies own stdout: a stray print would corrupt the stream, so stdout goes to stderr.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
-    serve(sys.stdin.buffer, replies)
+    arguments = sys.argv[1:]
+    if arguments == ["--part"]:
+        serve_parts(sys.stdin.buffer, replies)
+        return
+    count = int(arguments[1]) if arguments[:1] == ["--helpers"] else 0
+    serve(sys.stdin.buffer, replies, [_Helper() for _ in range(count)])
 
 
 if __name__ == "__main__":

@@ -23,8 +23,8 @@ import hashlib
 import json
 import logging
 import operator
-from collections.abc import Callable, Collection, Iterable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection, Iterable, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -211,6 +211,12 @@ class BatchTables:
     reader_events: pa.Table = field(default_factory=READER_EVENTS_SCHEMA.empty_table)
     # Each reader's messages in arrival order, for spark.reader_health (not a table).
     observations: tuple[ReaderObservation, ...] = ()
+    # Only for a part of a batch (build_batch's `part`, joined by `join_parts`): the readers
+    # that sent a valid message in it, and the bad payloads' observations it could not decide
+    # (their reader neither known nor valid before them in the part), each with the index in
+    # `observations` it goes before if a part before it proves the reader valid.
+    valid_readers: frozenset[str] = frozenset()
+    deferred: tuple[tuple[int, ReaderObservation], ...] = ()
 
 
 Parser = Callable[[bytes], tuple[TagRead, ...]]
@@ -226,6 +232,7 @@ def build_batch(
     max_reads: int = DEFAULT_MAX_READS,
     management_filters: tuple[str, ...] = (),
     known_readers: Collection[str] = frozenset(),
+    part: bool = False,
 ) -> BatchTables:
     """Parse every record: one `reads` row per tag read, one `dead_letters` row per bad message,
     one `events` row per message on a topic matching `events_filter` (the life-cycle topics,
@@ -236,7 +243,8 @@ def build_batch(
     management envelope (spark.zebra.management_event_in). `observations` lists each reader's
     data messages and management events in record order (spark.reader_health); a bad payload
     counts as a data message only from a reader that sent a valid one, in this batch or before
-    (`known_readers`).
+    (`known_readers`). With `part`, the records are a run of a batch's records that `join_parts`
+    joins to the others: what depends on the runs before it is left to the join.
 
     Rows come in record order, then read order within a message, so the same records always give
     identical tables. `read_key` names each read (its `message_id`; persistence.keys.READ_KEYS).
@@ -254,6 +262,7 @@ def build_batch(
     # payload counts as a data message received only from these (junk on some topic is not a
     # reader whose silence anyone should be told about).
     valid_readers: set[str] = set()
+    deferred: list[tuple[int, ReaderObservation]] = []
     message_id: list[str] = []
     topic: list[str] = []
     reader_id: list[str] = []
@@ -360,16 +369,14 @@ def build_batch(
             reason, detail = PARSER_ERROR, f"{type(exc).__name__}: {exc}"
         else:
             reason = detail = ""
-        if (
-            kind == DATA
-            and reason != INVALID_MANAGEMENT_EVENT  # a bad management event is no data message
-            and (not reason or safe_reader in valid_readers or safe_reader in known_readers)
-        ):
-            if not reason:
-                valid_readers.add(safe_reader)
-            observations.append(
-                ReaderObservation(safe_reader, record.seq, record.received_time, DATA)
-            )
+        if kind == DATA and reason != INVALID_MANAGEMENT_EVENT:  # a bad management event is none
+            observation = ReaderObservation(safe_reader, record.seq, record.received_time, DATA)
+            if not reason or safe_reader in valid_readers or safe_reader in known_readers:
+                if not reason:
+                    valid_readers.add(safe_reader)
+                observations.append(observation)
+            elif part:
+                deferred.append((len(observations), observation))
         if reason:
             payload = bytes(record.payload)
             if len(payload) > max_payload_bytes:
@@ -460,6 +467,39 @@ def build_batch(
         dead_letters=dead_table,
         events=_events_table(events, batch_id),
         reader_events=_reader_events_table(management, batch_id),
+        observations=tuple(observations),
+        valid_readers=frozenset(valid_readers) if part else frozenset(),
+        deferred=tuple(deferred),
+    )
+
+
+def join_parts(parts: Sequence[BatchTables]) -> BatchTables:
+    """The batch whose records are the parts' records in order, each part built by
+    `build_batch(..., part=True)` with the same batch id and known readers: equal to building
+    it whole (tests/spark/test_schema.py compares the two at every split).
+
+    The tables are the parts' rows one after the other. A part's deferred observation (a bad
+    payload from a reader it did not know) is kept where it was if an earlier part proves the
+    reader valid, as building the batch whole would have found."""
+    if len(parts) == 1:
+        (only,) = parts
+        return replace(only, valid_readers=frozenset(), deferred=())
+    observations: list[ReaderObservation] = []
+    valid: set[str] = set()
+    for built in parts:
+        kept = [(index, seen) for index, seen in built.deferred if seen.reader_id in valid]
+        start = 0
+        for index, seen in kept:
+            observations += built.observations[start:index]
+            observations.append(seen)
+            start = index
+        observations += built.observations[start:]
+        valid |= built.valid_readers
+    return BatchTables(
+        reads=pa.concat_tables([built.reads for built in parts]),
+        dead_letters=pa.concat_tables([built.dead_letters for built in parts]),
+        events=pa.concat_tables([built.events for built in parts]),
+        reader_events=pa.concat_tables([built.reader_events for built in parts]),
         observations=tuple(observations),
     )
 

@@ -466,6 +466,9 @@ class SparkConfig(_Section):
     # Batches are parsed in a child process (spark/parse_worker.py), off the daemon's GIL, on
     # the core the intake does not use; false parses them in the writer's thread.
     parse_worker: bool = True
+    # Processes the parse worker starts beside it: a batch of 1 MiB of payloads or more is built
+    # in parts, one in each, at once (spark/parse_worker.py). 0: the worker builds alone.
+    parse_helpers: int = Field(1, ge=0, le=7)
     # "auto": batches written by pyarrow when the master is local and the tables are on this
     # disk (spark.tables.ArrowTableWriter), else by Spark jobs; "spark": always by Spark jobs.
     landing: Literal["auto", "spark"] = "auto"
