@@ -113,7 +113,10 @@ _EARLIEST = datetime(1900, 1, 1, tzinfo=UTC)
 _LATEST = datetime(3000, 1, 1, tzinfo=UTC)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen, though nothing changes a TagRead once made: a frozen dataclass sets each field
+# through object.__setattr__, which cost 1.9 µs a read (a fifth of a batch's parse); a plain
+# slotted one costs 0.4 µs.
+@dataclass(slots=True)
 class TagRead:
     epc: str
     antenna: int | None
