@@ -168,7 +168,7 @@ def _rows(result: dict) -> list[list[str]]:
         what = (
             f"batched payloads: {setup['reads_per_message']} tag events/message, "
             f"{setup['reads_per_sample']:,} queued reads, QoS 1, sustained into the `reads` "
-            "table (first PUBLISH → next-to-last Spark batch committed; default config)"
+            "table (first PUBLISH → next-to-last batch committed; default config)"
         )
     base_label = {
         "ingest": "bare paho",
