@@ -14,6 +14,13 @@ committed with the batch before, or from those after the batch the child prepare
 dead-letter reasons and counters cannot differ between the two: tests/spark/test_parse_worker.py
 runs the fuzz corpus and the real-shape payloads through both and compares.
 
+A batch of 1 MiB of payloads or more (batched FX9600 arrays, a backlog after an outage) is built
+in parts at once: the child starts `helpers` processes of its own (`python -m spark.parse_worker
+--part`), sends each a run of the records, builds the first run itself and joins the parts
+(spark.schema.join_parts: the rows and observations of one build, tested at every split). On a
+2-core box this took the batched benchmarks from 80,032 to 97,750 reads/s (100 events/message).
+A helper that dies is not asked again: the child builds its runs itself and logs an ERROR.
+
 The protocol is a length-prefixed pickle each way between two processes of this program (never
 across a trust boundary): a request (the records as columns of plain values, which pickle
 several times faster than record objects; the batch id; the options; the states to start

@@ -1,5 +1,11 @@
 """Idempotent batch writes of the Parquet tables, and the two ways to read them back.
 
+Two writers keep one contract (`write_batch`): `TableWriter` runs a Spark job per table, and
+`ArrowTableWriter` writes the same files with pyarrow in this process and renames them into
+place. The daemon uses the second with a local master and the tables on this disk (`[spark]
+landing = "auto"`), the first otherwise; tests/spark/test_tables.py runs the contract against
+both and reads one's files with the other's types.
+
 Layout: ``{tables_dir}/{table}/date=YYYY-MM-DD/batch_id=N/part-*.parquet``, where `tables_dir` is a
 local path or any Hadoop URI the cluster reaches (spark/location.py); Spark is always handed a
 URI, and the pyarrow reader opens what it can (local paths, `file:` URIs). Every write is an

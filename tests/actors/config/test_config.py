@@ -450,9 +450,9 @@ def test_batches_are_written_by_pyarrow_only_with_a_local_master_and_tables_on_t
 ):
     config = load(write(tmp_path, f"[spark]\n{spark}"))
     assert config.spark.lands_with_arrow is arrow
-    assert ("batches written by pyarrow" if arrow else "batches written by Spark jobs") in "\n".join(
-        config.summary_lines()
-    )
+    assert (
+        "batches written by pyarrow" if arrow else "batches written by Spark jobs"
+    ) in "\n".join(config.summary_lines())
 
 
 def test_an_unknown_landing_is_refused_with_its_key_named(tmp_path):
