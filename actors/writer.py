@@ -748,7 +748,8 @@ class SparkWriterActor(pykka.ThreadingActor):
     def _cancel_stuck(self, batch_id: int) -> None:
         """Clock thread: the job outlived the processing timeout."""
         log.error(
-            "batch %d not written within %.0f s: cancelling its Spark job",
+            "batch %d not written within %.0f s: cancelling its Spark job (a pyarrow write "
+            "cannot be cancelled: it ends or fails by itself)",
             batch_id,
             self._processing_timeout,
         )

@@ -241,31 +241,48 @@ def _land_partitions(
     staging = table_dir / f"{LANDING_PREFIX}{batch_id}-{token}"
     data = _as_spark_writes(table.drop_columns(list(PARTITION_COLUMNS)))
     dates = table.column(DATE)
-    staged: list[tuple[str, Path]] = []
-    for date in sorted(pc.unique(dates).to_pylist()):
-        partition = Path(f"{DATE}={date}") / f"{BATCH_ID}={batch_id}"
-        directory = staging / partition
-        directory.mkdir(parents=True)
-        rows = data.filter(pc.equal(dates, date))
-        with open(directory / f"part-00000-{token}.snappy.parquet", "wb") as file:
-            pq.write_table(rows, file, compression="snappy")
-            file.flush()
-            os.fsync(file.fileno())
-        staged.append((date, partition))
-    checkpoint(LANDED_NOT_SWAPPED)
-    for date, partition in staged:
-        target = table_dir / partition
-        target.parent.mkdir(parents=True, exist_ok=True)
-        aside = table_dir / f"{OVERWRITTEN_PREFIX}{token}-{DATE}={date}-{BATCH_ID}={batch_id}"
-        try:
-            target.rename(aside)
-        except FileNotFoundError:
-            aside = None
-        (staging / partition).rename(target)
-        _sync_directory(target.parent)
-        if aside is not None:
-            shutil.rmtree(aside)
+    try:
+        staged: list[Path] = []
+        for date in sorted(pc.unique(dates).to_pylist()):
+            partition = Path(f"{DATE}={date}") / f"{BATCH_ID}={batch_id}"
+            directory = staging / partition
+            directory.mkdir(parents=True)
+            rows = data.filter(pc.equal(dates, date))
+            with open(directory / f"part-00000-{token}.snappy.parquet", "wb") as file:
+                pq.write_table(rows, file, compression="snappy")
+                file.flush()
+                os.fsync(file.fileno())
+            staged.append(partition)
+        checkpoint(LANDED_NOT_SWAPPED)
+        for partition in staged:
+            _swap_in(table_dir, staging / partition, table_dir / partition, token)
+    except Exception:
+        # A failed write is retried as a whole: what it staged must not pile up meanwhile.
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     shutil.rmtree(staging)
+
+
+def _swap_in(table_dir: Path, staged: Path, target: Path, token: str) -> None:
+    """Put the `staged` partition directory in place of `target` (there or not)."""
+    date_dir = target.parent
+    if not date_dir.exists():
+        date_dir.mkdir(parents=True, exist_ok=True)
+        _sync_directory(table_dir)
+    aside = table_dir / f"{OVERWRITTEN_PREFIX}{token}-{date_dir.name}-{target.name}"
+    try:
+        target.rename(aside)
+    except FileNotFoundError:
+        aside = None
+    try:
+        staged.rename(target)
+    except OSError:
+        if aside is not None:
+            aside.rename(target)  # as it was: the batch's retry replaces it
+        raise
+    _sync_directory(date_dir)
+    if aside is not None:
+        shutil.rmtree(aside)
 
 
 def _as_spark_writes(table: pa.Table) -> pa.Table:

@@ -354,3 +354,26 @@ def test_the_arrow_writer_leaves_its_files_synced_one_per_date_and_partition(
 def test_the_arrow_writer_refuses_tables_that_are_not_on_this_disk(spark_session):
     with pytest.raises(TablesNotReadable, match="not on this machine's disk"):
         ArrowTableWriter(spark_session, "hdfs://namenode/fxgate/tables")
+
+
+def test_a_write_that_fails_leaves_the_old_partition_in_place_and_nothing_staged(
+    spark_session, tmp_path, monkeypatch
+):
+    writer = ArrowTableWriter(spark_session, tmp_path)
+    writer.write_batch(1, {READS: reads([1, 2], date=DAY_1)})
+    real_rename = type(tmp_path).rename
+    calls = []
+
+    def refused_into_place(self, target):
+        calls.append(target)
+        if len(calls) == 2:  # the staged partition into place (the first moved the old aside)
+            raise OSError(13, "Permission denied")
+        return real_rename(self, target)
+
+    monkeypatch.setattr(type(tmp_path), "rename", refused_into_place)
+    with pytest.raises(OSError, match="Permission denied"):
+        writer.write_batch(1, {READS: reads([1, 2], date=DAY_1, payload="replay")})
+    monkeypatch.undo()
+
+    assert rows_by_batch(tmp_path) == {1: [(1, "first-1"), (2, "first-2")]}
+    assert leftovers(tmp_path) == []
