@@ -3,7 +3,9 @@
 A Spark job costs about 0.1 s however small it is (DESIGN §4), so packs are coalesced into batches
 of up to `batch_max_rows` messages or `batch_max_seconds` of waiting. Each batch is exactly-once:
 1. its id and packs are recorded in the ledger (`begin_batch`) before the job,
-2. the job overwrites exactly the batch's partitions (dynamic mode), so a replay never appends,
+2. the write replaces exactly the batch's partitions, so a replay never appends: a Spark job in
+   dynamic mode, or with a local master and the tables on this disk (the defaults) pyarrow in this
+   process, which writes the same files without the job's cost (spark.tables.ArrowTableWriter),
 3. only then the ledger marks it committed and drops the payloads (`commit_batch`).
 A crash before 1 re-packs the rows; between 1 and 3 the recovery replays the same batch.
 
@@ -183,8 +185,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._use_parse_worker = parse_worker
         # Processes the worker starts beside it to build parts of large batches at once.
         self._parse_helpers = parse_helpers
-        # True: batches are written by pyarrow (spark.tables.ArrowTableWriter) when the tables
-        # are on this disk; else, and for `table_writer` None, by Spark jobs (TableWriter).
+        # Unless `table_writer` is given: True writes batches with pyarrow
+        # (spark.tables.ArrowTableWriter) when the tables are on this disk, else (and False)
+        # through Spark jobs (spark.tables.TableWriter).
         self._land_with_arrow = land_with_arrow
         self._parse_worker: ParseWorker | None = None
         self._worker_deaths = 0
