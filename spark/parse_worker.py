@@ -612,6 +612,12 @@ def main() -> None:
     # The replies own stdout: a stray print would corrupt the stream, so stdout goes to stderr.
     replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
     os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+    # Imported now, not at the first batch: pyarrow and the parser take about 0.4 s of CPU to
+    # import, which the first batch after a start (a backlog, often) would otherwise wait for.
+    # The writer starts the worker before its Spark session: this runs while the JVM starts.
+    import spark.reader_health
+    import spark.schema  # noqa: F401
+
     arguments = sys.argv[1:]
     if arguments == ["--part"]:
         serve_parts(sys.stdin.buffer, replies)
