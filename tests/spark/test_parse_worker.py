@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from persistence.records import ReaderCount
 from spark.parse_worker import (
+    HELPER_NICENESS,
     SPLIT_MIN_BYTES,
     BuildOptions,
     ParseWorker,
@@ -172,6 +173,9 @@ def test_stop_ends_the_worker_and_the_worker_ends_when_its_parent_is_killed(tmp_
         assert wait_until(child.children, timeout=30)
         helpers = child.children()
         assert [arg for arg in helpers[0].cmdline() if arg == "--part"] == ["--part"]
+        # It yields the cores to the daemon's intake.
+        niceness = min(19, child.nice() + HELPER_NICENESS)
+        assert wait_until(lambda: helpers[0].nice() == niceness, timeout=30)
         parent.kill()
         parent.wait(30)
         # Both exit by themselves (no one signals them); wait_procs returns those still alive.
