@@ -82,6 +82,7 @@ from spark.tables import (
     LANDING_BATCH_ID,
     READER_EVENTS,
     READS,
+    fsync_path,
 )
 
 logger = logging.getLogger(__name__)
@@ -167,22 +168,6 @@ def swap_in(staged: Path, target: Path) -> None:
     os.rename(target, aside)
     os.rename(staged, target)
     os.rename(aside, staged)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 # -- what is where -----------------------------------------------------------------------------
@@ -513,7 +498,7 @@ class Compactor:
             table_dir / f"{REPLACED_PREFIX}date={date}-batch_id={batch_id}-{int(self._wall())}"
         )
         os.rename(staged, replaced)
-        _fsync_dir(table_dir)
+        fsync_path(table_dir)
 
     # -- one date -------------------------------------------------------------------------
 
@@ -577,15 +562,15 @@ class Compactor:
         tmp = out_dir / (MARKER + ".tmp")
         tmp.write_text(json.dumps(marker, indent=1))
         for f in [*files, tmp]:
-            _fsync_file(f)
+            fsync_path(f)
         os.rename(tmp, out_dir / MARKER)
-        _fsync_dir(out_dir)
-        _fsync_dir(staged)
+        fsync_path(out_dir)
+        fsync_path(staged)
         self._checkpoint(AFTER_WRITE_BEFORE_SWAP)
         with swapping(self._tables_dir, self._swap_wait) as held:
             if held:
                 swap_in(staged, date_dir)
-                _fsync_dir(table_dir)
+                fsync_path(table_dir)
         if not held:
             shutil.rmtree(staged)
             return f"readers held the tables' read lock for {self._swap_wait:g} s"

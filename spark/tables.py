@@ -135,32 +135,16 @@ class TableWriter:
         can leave the batch written to some tables only: the caller heals that by replaying the
         whole batch. Everything is validated before the first write.
         """
-        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
-            raise ValueError(f"batch_id must be a non-negative int, got {batch_id!r}")
-        prepared = {
-            table_path(self._tables_dir, name): (name, _with_partition_columns(table, batch_id))
-            for name, table in tables.items()
-        }
-        started = time.perf_counter()
-        written: dict[str, int] = {}
-        for path, (name, table) in prepared.items():
-            written[name] = table.num_rows
-            if table.num_rows == 0:
-                continue
-            (
-                self._session.createDataFrame(table)
-                .write.mode("overwrite")
-                .option("partitionOverwriteMode", "dynamic")
-                .partitionBy(*PARTITION_COLUMNS)
-                .parquet(path)
-            )
-        logger.info(
-            "Batch %s written in %.2f s: %s",
-            batch_id,
-            time.perf_counter() - started,
-            ", ".join(f"{name}={rows}" for name, rows in written.items()),
+        return _write_tables(self._tables_dir, batch_id, tables, self._write)
+
+    def _write(self, path: str, table: pa.Table) -> None:
+        (
+            self._session.createDataFrame(table)
+            .write.mode("overwrite")
+            .option("partitionOverwriteMode", "dynamic")
+            .partitionBy(*PARTITION_COLUMNS)
+            .parquet(path)
         )
-        return written
 
 
 class ArrowTableWriter:
@@ -209,28 +193,41 @@ class ArrowTableWriter:
     def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
         """As `TableWriter.write_batch`: every table of batch `batch_id`, validated first,
         written one after the other; a replay replaces exactly the batch's partitions."""
-        if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
-            raise ValueError(f"batch_id must be a non-negative int, got {batch_id!r}")
-        prepared = {
-            Path(table_path(self._tables_dir, name)): (
-                name,
-                _with_partition_columns(table, batch_id),
-            )
-            for name, table in tables.items()
-        }
-        started = time.perf_counter()
-        written: dict[str, int] = {}
-        for path, (name, table) in prepared.items():
-            written[name] = table.num_rows
-            if table.num_rows:
-                _land_partitions(path, batch_id, table, self._checkpoint)
-        logger.info(
-            "Batch %s written in %.2f s: %s",
+        return _write_tables(
+            str(self._tables_dir),
             batch_id,
-            time.perf_counter() - started,
-            ", ".join(f"{name}={rows}" for name, rows in written.items()),
+            tables,
+            lambda path, table: _land_partitions(Path(path), batch_id, table, self._checkpoint),
         )
-        return written
+
+
+def _write_tables(
+    tables_dir: str,
+    batch_id: int,
+    tables: Mapping[str, pa.Table],
+    write: Callable[[str, pa.Table], None],
+) -> dict[str, int]:
+    """Both writers' `write_batch`: validate every table first, then `write(path, table)` each
+    table that has rows, one after the other; the rows per table."""
+    if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
+        raise ValueError(f"batch_id must be a non-negative int, got {batch_id!r}")
+    prepared = {
+        table_path(tables_dir, name): (name, _with_partition_columns(table, batch_id))
+        for name, table in tables.items()
+    }
+    started = time.perf_counter()
+    written: dict[str, int] = {}
+    for path, (name, table) in prepared.items():
+        written[name] = table.num_rows
+        if table.num_rows:
+            write(path, table)
+    logger.info(
+        "Batch %s written in %.2f s: %s",
+        batch_id,
+        time.perf_counter() - started,
+        ", ".join(f"{name}={rows}" for name, rows in written.items()),
+    )
+    return written
 
 
 def _land_partitions(
@@ -268,7 +265,7 @@ def _swap_in(table_dir: Path, staged: Path, target: Path, token: str) -> None:
     date_dir = target.parent
     if not date_dir.exists():
         date_dir.mkdir(parents=True, exist_ok=True)
-        _sync_directory(table_dir)
+        fsync_path(table_dir)
     aside = table_dir / f"{OVERWRITTEN_PREFIX}{token}-{date_dir.name}-{target.name}"
     try:
         target.rename(aside)
@@ -280,7 +277,7 @@ def _swap_in(table_dir: Path, staged: Path, target: Path, token: str) -> None:
         if aside is not None:
             aside.rename(target)  # as it was: the batch's retry replaces it
         raise
-    _sync_directory(date_dir)
+    fsync_path(date_dir)
     if aside is not None:
         shutil.rmtree(aside)
 
@@ -302,8 +299,9 @@ def _as_spark_writes(table: pa.Table) -> pa.Table:
     return table if schema == table.schema else table.cast(schema, safe=False)
 
 
-def _sync_directory(directory: Path) -> None:
-    descriptor = os.open(directory, os.O_RDONLY)
+def fsync_path(path: Path) -> None:
+    """Sync a file's data, or a directory's entries, to the disk."""
+    descriptor = os.open(path, os.O_RDONLY)
     try:
         os.fsync(descriptor)
     finally:

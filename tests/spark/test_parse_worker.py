@@ -48,10 +48,14 @@ def fuzz_worker():
     worker.stop()
 
 
-def assert_same(here, there) -> None:
+def assert_same_tables(built, expected) -> None:
     for name in ("reads", "dead_letters", "events", "reader_events"):
-        mine, theirs = getattr(here.tables, name), getattr(there.tables, name)
-        assert theirs.equals(mine, check_metadata=True), name
+        assert getattr(built, name).equals(getattr(expected, name), check_metadata=True), name
+    assert built.observations == expected.observations
+
+
+def assert_same(here, there) -> None:
+    assert_same_tables(there.tables, here.tables)
     assert there.readers == here.readers
     assert there.health == here.health
 
@@ -194,12 +198,6 @@ def test_stop_ends_the_worker_and_the_worker_ends_when_its_parent_is_killed(tmp_
 
 def build(records, options=FUZZ_OPTIONS, known=frozenset(), part=False):
     return options.build(records, 1, known, part)
-
-
-def assert_same_tables(joined, whole) -> None:
-    for name in ("reads", "dead_letters", "events", "reader_events"):
-        assert getattr(joined, name).equals(getattr(whole, name), check_metadata=True), name
-    assert joined.observations == whole.observations
 
 
 @settings(
