@@ -1,5 +1,6 @@
 """The whole path in one process: real mosquitto -> actors -> ledger -> Spark table."""
 
+import pykka
 import pytest
 
 from actors.app.dead_letters import load_dead_letters
@@ -150,3 +151,27 @@ def test_a_replayed_dead_letter_goes_through_the_pipeline_again_under_a_new_key(
     replayed = replay_key(letter.message_key, request.name.removesuffix(".jsonl"))
     assert sorted(d["message_key"] for d in dead) == sorted([letter.message_key, replayed])
     assert not request.exists()
+
+
+def test_status_asks_each_actor_through_a_proxy_made_once(gateway, mosquitto, monkeypatch):
+    # Making a pykka proxy introspects the whole actor: status, asked every second, makes one per
+    # actor once and asks through it from then on, and still reports what is current.
+    made = []
+    make = pykka.ActorRef.proxy
+
+    def counted(ref):
+        made.append(ref)
+        return make(ref)
+
+    monkeypatch.setattr(pykka.ActorRef, "proxy", counted)
+    before = gateway.status()
+    asked = {name for name in ("source", "ledger", "lifecycle") if name in before}
+    assert asked == {"source", "ledger", "lifecycle"}
+    assert len(made) == len(set(map(id, made))) >= len(asked)
+    made.clear()
+
+    result = simulate(mosquitto.host, mosquitto.port, readers=1, rate=0, count=20, qos=1)
+    assert gateway.wait_for_landed(20, timeout=60)
+    after = gateway.status()
+    assert made == []
+    assert after["ledger"]["accepted"] - before["ledger"]["accepted"] == len(result.published)
