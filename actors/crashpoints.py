@@ -49,6 +49,8 @@ MID_JOB_DELAY = 0.05
 
 _lock = threading.Lock()
 _armed: list[object] = [None, 0]  # [name, hits still to go]
+# In the forward process (actors.forward_process): a crash point there kills the daemon too.
+_parent_too = [False]
 
 
 class CrashPointError(ValueError):
@@ -80,6 +82,12 @@ def arm_from_environ() -> None:
     arm(os.environ.get(ENVIRONMENT_VARIABLE))
 
 
+def take_parent_along() -> None:
+    """This process is the daemon's forward process: a crash point here kills the daemon too,
+    so that a test sees the whole gateway die at the point, as in one process."""
+    _parent_too[0] = True
+
+
 def crash_point(name: str) -> None:
     if _armed[0] != name:
         return
@@ -104,4 +112,6 @@ def _die(name: str) -> None:
     log.critical("crash point %s reached: SIGKILL", name)
     for handler in logging.getLogger().handlers:
         handler.flush()
+    if _parent_too[0]:
+        os.kill(os.getppid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)

@@ -19,11 +19,12 @@ from pathlib import Path
 
 import pykka
 
-from actors.buffer import TierTwoBuffer
 from actors.clock import Clock
 from actors.config.routes import Route, RouteCache, lifecycle_filter, lifecycle_route
 from actors.config.schema import Config
 from actors.connection import ConnectionActor, ConnectionSettings, ledger_client_factory
+from actors.forward_leg import start_forward_leg
+from actors.forward_process import ForwardProcess
 from actors.ledger import InboundLedger
 from actors.lifecycle import LifecycleActor, client_info
 from actors.lifecycle_sink import LedgerEventSink, SourceEventSink
@@ -32,15 +33,11 @@ from actors.messages import (
     BatchWritten,
     ClientsConfigured,
     CompactionReport,
-    OutboundAcks,
     ReplayBatch,
     TakeReplays,
     WriterHealth,
 )
 from actors.mqtt.intake import IntakeGate
-from actors.mqtt.relay import ConnectionRelay
-from actors.mqtt.upstream import UpstreamClient
-from actors.outbound import OutboundLedger
 from actors.pack import PackActor
 from actors.writer import CompactionSchedule, CompactNow, SparkWriterActor
 from persistence.compaction_request import pending_compaction_requests
@@ -112,20 +109,6 @@ def upstream_settings(config: Config, environ=None) -> ConnectionSettings:
     )
 
 
-def upstream_client_factory(outbound: pykka.ActorRef):
-    """The upstream client reports every ack to the outbound ledger, which sends through a
-    relay to the connection's actor (one thread writes to the client: actors.mqtt.relay)."""
-
-    def make(client_id: str, monotonic, owner: pykka.ActorRef):
-        client = UpstreamClient(
-            client_id, lambda acks: outbound.tell(OutboundAcks(tuple(acks))), monotonic
-        )
-        outbound.proxy().set_client(ConnectionRelay(owner))
-        return client
-
-    return make
-
-
 def _forwards(routes: RouteCache) -> Callable[[str], bool]:
     """Whether a route wants the topic (the ledger marks such messages owed upstream)."""
     return lambda topic: routes(topic) is not None
@@ -170,6 +153,8 @@ class Supervisor(WriterListener):
         self._session_closer = session_closer
         self._actors: list[tuple[str, pykka.ActorRef]] = []
         self._status_proxies: dict[str, tuple[pykka.ActorRef, pykka.ActorProxy]] = {}
+        # The forward leg's child process, with `[upstream] process = "own"`.
+        self._forward: ForwardProcess | None = None
         self.intake: IntakeGate | None = None
         self._batch_lock = threading.Lock()
         self.last_batch: BatchWritten | None = None
@@ -326,46 +311,37 @@ class Supervisor(WriterListener):
 
     def _start_forwarding(self, ledger: pykka.ActorRef, routes: tuple[Route, ...]) -> None:
         cfg = self.config
-        outbound = self._start(
-            "outbound",
-            OutboundLedger,
-            cfg.gateway.data_path / "outbound.sqlite",
-            self.clock,
-            ledger,
-            routes,
-            cfg.identity.environment_id,
-            durability=cfg.gateway.durability,
-            window=cfg.upstream.window,
-            processing_timeout=cfg.packs.processing_timeout_seconds,
-            ack_strategy=cfg.packs.ack_strategy,
-            retries=cfg.packs.retries,
-        )
-        buffer = self._start(
-            "buffer",
-            TierTwoBuffer,
-            outbound,
-            ledger,
-            routes,
-            max_messages=cfg.buffer.max_messages,
-            max_bytes=cfg.buffer.max_bytes,
-            low_watermark=cfg.buffer.low_watermark,
-            overflow=cfg.buffer.overflow,
-            persist_qos0=cfg.buffer.persist_qos0,
-            pack_size=cfg.packs.max_messages,
-            clock=self.clock,
-            live_from_seq=ledger.proxy().stored_before_start().get(timeout=ASK_TIMEOUT) + 1,
-        )
-        outbound.proxy().set_buffer(buffer).get(timeout=ASK_TIMEOUT)
+        live_from_seq = ledger.proxy().stored_before_start().get(timeout=ASK_TIMEOUT) + 1
+        lifecycle = self.ref("lifecycle")
+        if cfg.upstream.process == "own":
+            forward = ForwardProcess(
+                {
+                    "config": cfg,
+                    "settings": upstream_settings(cfg),
+                    "routes": routes,
+                    "live_from_seq": live_from_seq,
+                    "ask_timeout": ASK_TIMEOUT,
+                    "stop_timeout": STOP_TIMEOUT,
+                },
+                ledger,
+                lifecycle,
+            )
+            self._actors.append(("forward", forward))
+            self._forward = forward
+            buffer = forward.buffer
+        else:
+            buffer = start_forward_leg(
+                self._start,
+                cfg,
+                self.clock,
+                upstream_settings(cfg),
+                routes,
+                ledger=ledger,
+                lifecycle=lifecycle,
+                live_from_seq=live_from_seq,
+                ask_timeout=ASK_TIMEOUT,
+            )
         ledger.proxy().set_forwarder(buffer).get(timeout=ASK_TIMEOUT)
-        self._start(
-            "upstream",
-            ConnectionActor,
-            upstream_settings(cfg),
-            self.clock,
-            outbound,
-            client_factory=upstream_client_factory(outbound),
-            lifecycle=self.ref("lifecycle"),
-        )
 
     def _start(self, name: str, actor_class, *args, **kwargs) -> pykka.ActorRef:
         ref = actor_class.start(*args, **kwargs)
@@ -486,6 +462,9 @@ class Supervisor(WriterListener):
                     out[name] = ask(self._status_proxy(name, ref))
         except (pykka.Timeout, pykka.ActorDeadError):
             out["stale"] = True
+        if self._forward is not None:
+            # The leg's actors as the child last reported them (every second).
+            out.update(self._forward.status())
         if self.intake is not None:
             out["intake"] = asdict(self.intake.stats())
         with self._batch_lock:

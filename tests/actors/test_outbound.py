@@ -3,12 +3,14 @@
 import json
 import os
 import re
+import signal
 import sqlite3
 import subprocess
 import sys
 import threading
 from collections import Counter
 
+import psutil
 import pytest
 
 from actors.buffer import TierTwoBuffer
@@ -82,14 +84,17 @@ def forwarding_gateway(brokers, spark_session, tmp_path):
         clock.close()
 
 
-@pytest.mark.parametrize("qos", [0, 1, 2])
+@pytest.mark.parametrize(
+    ("qos", "process"),
+    [(0, "shared"), (1, "shared"), (2, "shared"), (1, "own"), (2, "own")],
+)
 def test_every_read_reaches_upstream_once_in_order_and_lands_in_the_table(
-    forwarding_gateway, brokers, spark_session, qos
+    forwarding_gateway, brokers, spark_session, qos, process
 ):
     source, upstream = brokers
     cloud = Collector(upstream.host, upstream.port, "cloud/#", qos=2)
     try:
-        gateway = forwarding_gateway(qos=qos)
+        gateway = forwarding_gateway(qos=qos, FXGATE__UPSTREAM__PROCESS=process)
         result = simulate(source.host, source.port, readers=2, rate=0, count=500, qos=qos)
         messages = cloud.wait_for(1000)
         keys = [props[IDEMPOTENCY_PROPERTY] for _, _, props in messages]
@@ -107,6 +112,9 @@ def test_every_read_reaches_upstream_once_in_order_and_lands_in_the_table(
         tables = gateway.config.spark.tables_path(gateway.config.gateway.data_path)
         ids, readers = landed_ids_spark(spark_session, tables)
         assert compare(expected_read_ids(result.published), ids, readers).exact
+        # Status shows the leg's actors wherever they run (a child reports every second).
+        assert wait_until(lambda: gateway.status()["outbound"]["forwarded"] >= 1000, 30)
+        assert gateway.status()["upstream"]["connected"] is True
     finally:
         cloud.close()
 
@@ -116,15 +124,18 @@ PUBLISH_LINE = re.compile(
 )
 
 
+@pytest.mark.parametrize("process", ["shared", "own"])
 @pytest.mark.parametrize("point", ["after_publish_before_pubrec", "after_pubrec_before_pubcomp"])
 def test_a_kill_mid_qos2_exchange_upstream_resends_the_same_packet_ids_and_delivers_once(
-    point, mosquitto_factory, daemon_factory, tmp_path
+    point, process, mosquitto_factory, daemon_factory, tmp_path
 ):
+    """With the forward leg in its own process the crash point, reached there, kills the daemon
+    with it: the whole gateway dies at the point, as in one process."""
     source = mosquitto_factory()
     upstream = mosquitto_factory(debug_log=True)
     cloud = Collector(upstream.host, upstream.port, "cloud/#", qos=2)
     data = tmp_path / "data"
-    env = forwarding_environ(source, upstream, data, qos=2)
+    env = forwarding_environ(source, upstream, data, qos=2, FXGATE__UPSTREAM__PROCESS=process)
     try:
         doomed = daemon_factory({**env, "FXGATE_CRASH_AT": f"{point}:30"})
         doomed.wait_for_log(r"source: subscribed", timeout=60)
@@ -727,8 +738,9 @@ def test_the_flapping_sequence_delivers_m2_m3_m4_in_order_each_once_at_qos2(
     assert [payload for _, payload, _ in messages] == [read(1), read(2), read(3), read(4)]
 
 
+@pytest.mark.parametrize("process", ["shared", "own"])
 def test_a_restart_with_reads_in_tier1_and_in_flight_delivers_each_once_in_order(
-    mosquitto_factory, daemon_factory, tmp_path
+    process, mosquitto_factory, daemon_factory, tmp_path
 ):
     source = mosquitto_factory()
     upstream = mosquitto_factory()
@@ -740,6 +752,7 @@ def test_a_restart_with_reads_in_tier1_and_in_flight_delivers_each_once_in_order
         data,
         qos=2,
         FXGATE__BUFFER__MAX_MESSAGES="100",  # most of what waits is in tier 1, not tier 2
+        FXGATE__UPSTREAM__PROCESS=process,
     )
     try:
         upstream.stop()
@@ -772,6 +785,68 @@ def test_a_restart_with_reads_in_tier1_and_in_flight_delivers_each_once_in_order
         sent = [r.message_key for r in result.published if reader in r.topic]
         got = [props[IDEMPOTENCY_PROPERTY] for t, _, props in messages if t.endswith(reader)]
         assert got == sent
+
+
+FORWARD_STARTED = r"forward process started \(pid (\d+)\)"
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_the_forward_process_ends_with_a_killed_daemon(mosquitto_factory, daemon_factory, tmp_path):
+    source, upstream = mosquitto_factory(), mosquitto_factory()
+    env = forwarding_environ(source, upstream, tmp_path / "data", FXGATE__UPSTREAM__PROCESS="own")
+    daemon = daemon_factory(env)
+    child = int(daemon.wait_for_log(FORWARD_STARTED).group(1))
+    daemon.wait_for_log(r"source: subscribed", timeout=60)
+    assert child in daemon.remember_children()
+    daemon.kill()
+    assert wait_until(lambda: _gone(child), 30), "the forward process outlived the daemon"
+
+
+def test_a_killed_forward_process_is_restarted_and_every_read_arrives_once(
+    mosquitto_factory, daemon_factory, tmp_path
+):
+    """SIGKILL of the child alone, mid-stream at QoS 2: the daemon restarts its actors and a new
+    child, which re-sends what was in flight with the same packet ids; each read arrives once
+    upstream and lands once."""
+    source, upstream = mosquitto_factory(), mosquitto_factory()
+    cloud = Collector(upstream.host, upstream.port, "cloud/#", qos=2)
+    data = tmp_path / "data"
+    env = forwarding_environ(source, upstream, data, qos=2, FXGATE__UPSTREAM__PROCESS="own")
+    try:
+        daemon = daemon_factory(env)
+        child = int(daemon.wait_for_log(FORWARD_STARTED).group(1))
+        daemon.wait_for_log(r"source: subscribed", timeout=60)
+        published: list = []
+        sender = threading.Thread(
+            target=lambda: published.append(
+                simulate(source.host, source.port, readers=2, rate=400, count=300, qos=2)
+            )
+        )
+        sender.start()
+        try:
+            assert len(cloud.wait_for(50)) >= 50
+            mark = daemon.mark()
+            os.kill(child, signal.SIGKILL)
+            daemon.wait_for_log(r"actor forward died.*restarting all actors", after=mark)
+            second = int(daemon.wait_for_log(FORWARD_STARTED, after=mark).group(1))
+            assert second != child
+        finally:
+            sender.join(60)
+        (result,) = published
+        assert result.failed == 0
+        wait_until_landed(daemon, data, 600)
+        messages = cloud.wait_for(600)
+        assert daemon.terminate() == 0
+    finally:
+        cloud.close()
+    keys = Counter(props[IDEMPOTENCY_PROPERTY] for _, _, props in messages)
+    assert keys == Counter(r.message_key for r in result.published)
 
 
 def test_after_a_reconnect_resends_respect_a_smaller_receive_maximum(outbound_with):

@@ -16,11 +16,12 @@ from actors.config.routes import Route
 from actors.config.schema import load_config
 from actors.connection import ConnectionActor
 from actors.devtools.simulate import simulate
+from actors.forward_leg import upstream_client_factory
 from actors.ledger import LedgerRecord
 from actors.messages import Demand, Forwarded, Pack, PackSealed, SessionStarted
 from actors.mqtt.upstream import AckType, OutboundAck
 from actors.outbound import OutboundLedger
-from actors.supervisor import Supervisor, upstream_client_factory
+from actors.supervisor import Supervisor
 from persistence.outbound_store import OutboundStore
 from spark.tables import READS, read_table
 from tests.actors.test_connection import settings

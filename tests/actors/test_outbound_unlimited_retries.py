@@ -13,11 +13,11 @@ import pytest
 from actors.clock import SimulatedClock
 from actors.config.routes import Route
 from actors.connection import ConnectionActor
+from actors.forward_leg import upstream_client_factory
 from actors.ledger import LedgerRecord
 from actors.messages import Forwarded, Pack, PackSealed
 from actors.mqtt.upstream import IDEMPOTENCY_PROPERTY
 from actors.outbound import OutboundLedger
-from actors.supervisor import upstream_client_factory
 from tests.actors.test_connection import settings
 from tests.harness.checks import wait_until
 from tests.harness.fake_broker import FakeBroker
