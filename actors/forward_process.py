@@ -50,8 +50,9 @@ from persistence.records import LedgerRecord
 log = logging.getLogger(__name__)
 
 _LENGTH = struct.Struct("<I")
-# Frame kinds: a message for a named actor; rows for the buffer; a status snapshot; ready; stop.
-_TELL, _ROWS, _STATUS, _READY, _STOP = range(5)
+# Frame kinds: a message for a named actor; rows for the buffer; a status snapshot; ready; stop;
+# a request for a status snapshot now.
+_TELL, _ROWS, _STATUS, _READY, _STOP, _ASK = range(6)
 STATUS_INTERVAL = 1.0
 READY_TIMEOUT = 60.0
 
@@ -131,6 +132,7 @@ class Link:
         *,
         on_status: Callable[[dict], None] = lambda status: None,
         on_stop: Callable[[], None] = lambda: None,
+        on_ask: Callable[[], None] = lambda: None,
         on_closed: Callable[[], None] = lambda: None,
         hosted: dict[type, str] | None = None,
     ) -> None:
@@ -141,6 +143,7 @@ class Link:
         self.local = local
         self._on_status = on_status
         self._on_stop = on_stop
+        self._on_ask = on_ask
         self._on_closed = on_closed
         self._hosted = hosted or {}
         self._send_lock = threading.Lock()
@@ -188,6 +191,9 @@ class Link:
 
     def send_stop(self) -> None:
         self._send(pickle.dumps((_STOP,), pickle.HIGHEST_PROTOCOL))
+
+    def send_ask(self) -> None:
+        self._send(pickle.dumps((_ASK,), pickle.HIGHEST_PROTOCOL))
 
     def send_object(self, obj: object) -> None:
         self._send(pickle.dumps(obj, pickle.HIGHEST_PROTOCOL))
@@ -240,6 +246,8 @@ class Link:
             self.ready.set()
         elif kind == _STOP:
             self._on_stop()
+        elif kind == _ASK:
+            self._on_ask()
 
 
 def _tell_local(ref: pykka.ActorRef, message: object) -> None:
@@ -276,6 +284,8 @@ class ForwardProcess:
         ready_timeout: float = READY_TIMEOUT,
     ) -> None:
         self._status: dict = {}
+        self._reports = 0  # status snapshots received so far
+        self._reported = threading.Condition()
         self._proc = subprocess.Popen(
             [sys.executable, "-m", __name__],
             stdin=subprocess.PIPE,
@@ -305,11 +315,25 @@ class ForwardProcess:
         return self._proc.pid
 
     def _take_status(self, status: dict) -> None:
-        self._status = status
+        with self._reported:
+            self._status = status
+            self._reports += 1
+            self._reported.notify_all()
 
-    def status(self) -> dict:
-        """The leg's actors as the child last reported them: "outbound", "buffer", "upstream"."""
-        return dict(self._status)
+    def status(self, timeout: float = 5.0) -> dict:
+        """The leg's actors as the child reports them when asked: "outbound", "buffer",
+        "upstream". A child that does not answer within `timeout` gives its last report,
+        marked "stale"."""
+        with self._reported:
+            seen = self._reports
+        try:
+            self._link.send_ask()
+        except pykka.ActorDeadError:
+            return {**self._status, "stale": True}
+        with self._reported:
+            if not self._reported.wait_for(lambda: self._reports > seen, timeout):
+                return {**self._status, "stale": True}
+            return dict(self._status)
 
     def is_alive(self) -> bool:
         return self._link.open and self._proc.poll() is None
@@ -374,8 +398,14 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> int:
     wake = threading.Event()
     stopping = threading.Event()
 
+    asked = threading.Event()
+
     def stop_asked() -> None:
         stopping.set()
+        wake.set()
+
+    def status_asked() -> None:
+        asked.set()
         wake.set()
 
     def closed() -> None:
@@ -392,6 +422,7 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> int:
         replies,
         local,
         on_stop=stop_asked,
+        on_ask=status_asked,
         on_closed=closed,
         hosted={OutboundLedger: "outbound", TierTwoBuffer: "buffer", ConnectionActor: "upstream"},
     )
@@ -444,7 +475,10 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> int:
         except pykka.ActorDeadError:
             pass
 
+    # Each turn: a status report (the daemon asks for one each second; one comes every
+    # STATUS_INTERVAL anyway), and a look at the actors: one that died ends the process.
     while not stopping.is_set():
+        asked.clear()
         report()
         if not all(ref.is_alive() for _, ref in started):
             dead = [name for name, ref in started if not ref.is_alive()]
@@ -452,9 +486,10 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> int:
             _stop_all(started, init["stop_timeout"])
             clock.close()
             return 1
-        clock.call_later(STATUS_INTERVAL, wake.set)
+        timer = clock.call_later(STATUS_INTERVAL, wake.set)
         wake.wait()
         wake.clear()
+        timer.cancel()
     log.info("forward process stopping")
     _stop_all(started, init["stop_timeout"])
     report()

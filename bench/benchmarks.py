@@ -87,11 +87,10 @@ class Context:
     def seed(self) -> int:
         return next(self._seq) * 7919
 
-    def worker(self, spark_env: dict[str, str], batch: int = 1, role: str = "") -> GatewayWorker:
-        """A warm gateway worker for these Spark settings (one JVM per distinct setting and
-        `role`: a second process with the same settings has a role of its own), warmed up for
-        this kind of payload (single reads or arrays) by one unmeasured run."""
-        key = json.dumps(spark_env, sort_keys=True) + (f" {role}" if role else "")
+    def worker(self, spark_env: dict[str, str], batch: int = 1) -> GatewayWorker:
+        """A warm gateway worker for these Spark settings (one JVM per distinct setting),
+        warmed up for this kind of payload (single reads or arrays) by one unmeasured run."""
+        key = json.dumps(spark_env, sort_keys=True)
         worker = self._workers.get(key)
         if worker is None or not worker.alive:
             directory = self.next_dir("worker")

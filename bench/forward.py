@@ -17,11 +17,7 @@ Four contestants per round, in this order, each on fresh brokers:
   the forward leg share one Python process;
 - bridge: a mosquitto bridging the same N queued messages from the source broker to the
   upstream broker (bench.bridge.BridgeBroker), like `draining` taking from the source as it
-  forwards;
-- beside (QoS 1, report only): the `fxgate` run again, while a second gateway worker (another
-  process) drains BESIDE_MESSAGES queued messages from a broker of its own for the whole forward
-  window. Ingest and forwarding then share the machine's two cores but not one interpreter:
-  what the forward leg would reach in a process of its own, against `draining`.
+  forwards.
 
 Every contestant is timed by the same instrument on the upstream broker (bench.bridge.
 ArrivalCounter): first -> N-th arrival, which is the forwarder's first PUBLISH -> last ack to
@@ -90,7 +86,7 @@ WINDOW = 20  # the bare publisher's max_inflight, and fxgate's default upstream.
 # the outbound ledger holds the first pack, so tier 2 stays at 7,800, just under that mark.
 MESSAGES = {1: 8_000, 2: 5_000}
 MESSAGES_QUICK = {1: 6_000, 2: 3_000}
-ROLES = ("baseline", "fxgate", "draining", "bridge", "beside")
+ROLES = ("baseline", "fxgate", "draining", "bridge")
 
 # fxgate's upstream retries every 1 s, 2 s, 4 s, ... up to 120 s (jitter 25 %) by default;
 # capped here so that the stored-forward sample does not wait minutes for the next attempt.
@@ -103,9 +99,6 @@ POLL_SECONDS = 0.05
 RUN_TIMEOUT = 120.0  # per gateway run (the worker's own limit for the acks, then the table)
 # Issue 16: forwarding while draining the source, QoS 1, at least this ratio to the bare publisher.
 DRAINING_TARGET = 0.8
-# The `beside` contestant's other drain: at ~16,000 msg/s it lasts 3-4 s, longer than the retry
-# delay (at most RECONNECT_MAX_DELAY) and the forward window after it.
-BESIDE_MESSAGES = 60_000
 
 
 # -- the bare publisher (a process of its own) -------------------------------------------------
@@ -347,11 +340,8 @@ def _line_index(lines: list[str], text: str) -> int | None:
     return next((i for i, line in enumerate(lines) if text in line), None)
 
 
-def fxgate_sample(
-    ctx: Context, qos: int, messages: int, before_upstream: Callable[[], None] | None = None
-) -> dict:
-    """fxgate forwards N messages it already holds: upstream down while it takes them.
-    `before_upstream` is called just before the upstream broker starts."""
+def fxgate_sample(ctx: Context, qos: int, messages: int) -> dict:
+    """fxgate forwards N messages it already holds: upstream down while it takes them."""
     worker = ctx.worker({})
     directory = ctx.next_dir(f"forward-qos{qos}-fx")
     upstream = MosquittoProcess(directory / "upstream")  # its port now; started later
@@ -385,8 +375,6 @@ def fxgate_sample(
                 4 * RECONNECT_MAX_DELAY,
                 lambda: _next_retry(worker.log_path, offset),
             )
-            if before_upstream is not None:
-                before_upstream()
             upstream.start()
             counter = ArrivalCounter(upstream, directory / "counter", messages)
             try:
@@ -403,11 +391,9 @@ def fxgate_sample(
                     interval=0.01,
                 )
                 cpu0 = _cpu(worker.pid)
-                first_arrival_at = time.monotonic()
             finally:
                 arrived = _arrivals(counter, ctx, messages)
             cpu1 = _cpu(worker.pid)
-            last_arrival_at = time.monotonic()
             answer = run.result()
     finally:
         if run is not None and run.running:
@@ -444,59 +430,6 @@ def fxgate_sample(
         },
         "source_ack_seconds": answer["ack_seconds"],
         "table_seconds": answer["table_seconds"],
-        "window_monotonic": [first_arrival_at, last_arrival_at],
-    }
-
-
-def beside_sample(ctx: Context, qos: int, messages: int) -> dict:
-    """`fxgate_sample` again, while a second gateway worker drains BESIDE_MESSAGES queued
-    messages from its own broker (report only). Complete only if that drain covered the whole
-    forward window (first to last upstream arrival, as polled here)."""
-    other = ctx.worker({}, role="beside")
-    directory = ctx.next_dir(f"forward-qos{qos}-beside")
-    drained: dict = {}
-    try:
-        with fresh_broker(directory / "other") as other_source:
-            queued = prequeue(other_source, FXGATE_CLIENT_ID, BESIDE_MESSAGES, qos, 1, ctx.seed())
-            env = fxgate_env(other_source, directory / "other-data", qos)
-
-            def drain() -> None:
-                drained["began"] = time.monotonic()
-                try:
-                    drained["run"] = other.ingest(
-                        env, qos, BESIDE_MESSAGES, BESIDE_MESSAGES, other_source.pid, RUN_TIMEOUT
-                    )
-                except Exception as error:  # re-raised on the bench's thread below
-                    drained["error"] = error
-
-            thread = threading.Thread(target=drain, name="bench-beside", daemon=True)
-            try:
-                sample = fxgate_sample(ctx, qos, messages, before_upstream=thread.start)
-            finally:
-                if thread.ident is not None:  # started: its drain ends within RUN_TIMEOUT
-                    thread.join()
-    finally:
-        shutil.rmtree(directory, ignore_errors=True)
-    if "error" in drained:
-        raise drained["error"]
-    run = drained["run"]
-    # The other worker's ack window, to within its start: first PUBLISH -> N-th ack.
-    other_from = drained["began"] + run["start_seconds"]
-    other_to = other_from + run["ack_seconds"]
-    first, last = sample["window_monotonic"]
-    covered = other_from <= first and last <= other_to
-    return {
-        **sample,
-        "complete": sample["complete"] and covered,
-        "beside": {
-            "messages": BESIDE_MESSAGES,
-            "queued": queued,
-            "ack_seconds": run["ack_seconds"],
-            "messages_per_second": BESIDE_MESSAGES / run["ack_seconds"],
-            "covered_forward_window": covered,
-            "started_before_window_seconds": round(first - other_from, 3),
-            "ended_after_window_seconds": round(other_to - last, 3),
-        },
     }
 
 
@@ -602,8 +535,6 @@ def forward(ctx: Context, qos: int) -> dict:
             ("fxgate", lambda: fxgate_sample(ctx, qos, messages)),
             ("draining", lambda: draining_sample(ctx, qos, messages)),
             ("bridge", lambda: bridge_sample(ctx, qos, messages)),
-            # The bar for forwarding while draining holds for QoS 1: its estimate there only.
-            *([("beside", lambda: beside_sample(ctx, qos, messages))] if qos == 1 else []),
         ],
         value,
     )
@@ -641,13 +572,8 @@ def forward(ctx: Context, qos: int) -> dict:
             "bridge_config": "mosquitto 2.0.11, deliberate config (persistence, autosave 1 s, "
             "max_inflight_messages 1000, 1M queued); bridge `in` from the source and `out` to "
             f"the upstream, mqttv311, cleansession false, QoS {qos} (bench/bridge.py)",
-            "fxgate_beside": "QoS 1 only: the fxgate (stored) run again while a second gateway "
-            f"worker, another process, drains {BESIDE_MESSAGES:,} queued messages from a broker "
-            "of its own (its ledger, acks and table) for the whole forward window (a run it did "
-            "not cover is incomplete): the two legs on the two cores, each with its own "
-            "interpreter",
             "timed": "first -> N-th arrival at mosquitto_sub -q 0 on the upstream broker "
-            "(same instrument for all contestants)",
+            "(same instrument for all four)",
         },
     )
     result["module"] = MODULE
@@ -656,11 +582,6 @@ def forward(ctx: Context, qos: int) -> dict:
     )
     result["bridge"] = _side(
         result, "bridge", "mosquitto 2.0.11 bridge (in from source, out to upstream)"
-    )
-    result["beside"] = (
-        _side(result, "beside", "fxgate forwarding while another process drains a source")
-        if qos == 1
-        else None
     )
     b_med = result["baseline"]["median"]
     d_med = result["draining"]["median"]
@@ -673,8 +594,6 @@ def forward(ctx: Context, qos: int) -> dict:
     )
     # Like for like: the bridge too takes the messages from the source while it forwards.
     result["ratio_vs_bridge"] = d_med / bridge_median if d_med and bridge_median else None
-    s_med = result["beside"]["median"] if result["beside"] else None
-    result["ratio_beside"] = s_med / b_med if s_med and b_med else None
     fx = used(result, "fxgate")
     base = used(result, "baseline")
     if any(not s["complete"] for s in fx + base):
@@ -718,11 +637,6 @@ def forward(ctx: Context, qos: int) -> dict:
         + (
             f", draining/bridge {result['ratio_vs_bridge']:.2f}"
             if result["ratio_vs_bridge"]
-            else ""
-        )
-        + (
-            f", beside another process's drain/bare {result['ratio_beside']:.2f}"
-            if result["ratio_beside"]
             else ""
         )
     )
@@ -787,15 +701,6 @@ def bound_sentence(result: dict, messages: int) -> str:
                 else ""
             )
         )
-    besides = used(result, "beside")
-    if besides and result.get("ratio_beside"):
-        other = _med(besides, lambda s: s["beside"]["messages_per_second"])
-        parts.append(
-            f"the same stored forwarding while another gateway process drained a source beside "
-            f"it (at {_n(other)}, median) reached {_n(result['beside']['median'])} "
-            f"({result['ratio_beside']:.2f}\u00d7), against {_n(d_med)} while it drained in "
-            "its own interpreter"
-        )
     late = [s for s in fx if s.get("counter_late")]
     if late:
         parts.append(
@@ -841,29 +746,6 @@ def _side_text(side: dict, messages: int) -> str:
 
 
 def rows(result: dict) -> list[list[str]]:
-    table = _rows(result)
-    beside = result.get("beside")
-    if beside:
-        n_base = len(result["baseline"]["samples"])
-        messages = result["setup"]["messages_per_sample"]
-        table.append(
-            [
-                f"`{result['name']}` beside another drain",
-                "same rounds: fxgate forwarding reads already in its ledger while a second "
-                f"gateway process drains {BESIDE_MESSAGES:,} queued messages beside it (each leg "
-                "with its own interpreter: what a forward leg in its own process would reach)",
-                f"{_n(result['baseline']['median'])} (bare paho publisher, max_inflight {WINDOW})",
-                f"{_side_text(beside, messages)} (fxgate beside another drain)",
-                _ratio(result.get("ratio_beside")),
-                "report only",
-                "—",
-                f"{len(beside['samples'])}+{n_base}",
-            ]
-        )
-    return table
-
-
-def _rows(result: dict) -> list[list[str]]:
     setup = result["setup"]
     qos = setup["qos"]
     messages = setup["messages_per_sample"]
@@ -927,7 +809,6 @@ def plot(results_dir: Path, result: dict) -> Path:
         "fxgate": ("tab:orange", "s"),
         "draining": ("tab:red", "D"),
         "bridge": ("tab:green", "^"),
-        "beside": ("tab:purple", "v"),
     }
     labels = {
         "baseline": f"bare paho publisher (median {_n(result['baseline']['median'])})",
@@ -935,8 +816,6 @@ def plot(results_dir: Path, result: dict) -> Path:
         "draining": "fxgate while draining the source (median of complete runs "
         f"{_n(result['draining']['median'])})",
         "bridge": f"mosquitto bridge (median of complete runs {_n(result['bridge']['median'])})",
-        "beside": "fxgate, reads in its ledger, while another process drains a source (median "
-        f"of complete runs {_n((result.get('beside') or {}).get('median'))})",
     }
     for role in ROLES:
         samples = [s for s in result["raw"] if s["role"] == role]
@@ -963,9 +842,7 @@ def plot(results_dir: Path, result: dict) -> Path:
     ax.set_ylim(0, 1.15 * max(tops) if tops else None)
     ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel(
-        "sample, in run order (bare, fxgate, fxgate while draining, bridge, [beside], ...)"
-    )
+    ax.set_xlabel("sample, in run order (bare, fxgate, fxgate while draining, bridge, ...)")
     ax.set_ylabel("msg/s")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)

@@ -174,4 +174,5 @@ def test_status_asks_each_actor_through_a_proxy_made_once(gateway, mosquitto, mo
     assert gateway.wait_for_landed(20, timeout=60)
     after = gateway.status()
     assert made == []
-    assert after["ledger"]["accepted"] - before["ledger"]["accepted"] == len(result.published)
+    # Current, not the first snapshot again (a life-cycle event may be accepted meanwhile).
+    assert after["ledger"]["accepted"] - before["ledger"]["accepted"] >= len(result.published)
