@@ -364,10 +364,10 @@ class UpstreamConfig(_BrokerSection):
     # Messages handed to paho at once; the broker's Receive Maximum caps it further. paho's
     # in-flight scan is quadratic: 1000 was slower than 20 (§4).
     window: int = Field(20, ge=1, le=65535)
-    # Where the forward leg (tier-2 buffer, outbound ledger, this connection) runs: "shared",
-    # in the daemon's process beside the intake; "own", in a child process with an interpreter
-    # of its own (actors/forward_process.py), so forwarding and ingest use both cores.
-    process: Literal["shared", "own"] = "shared"
+    # Where the forward leg (tier-2 buffer, outbound ledger, this connection) runs: "own", in a
+    # child process with an interpreter of its own (actors/forward_process.py), so forwarding
+    # and ingest use both cores; "shared", in the daemon's process beside the intake.
+    process: Literal["own", "shared"] = "own"
 
 
 class RouteConfig(_Section):

@@ -451,10 +451,11 @@ def test_secret_key_files_are_expected_private_in_production(certs, tmp_path):
 
 @pytest.mark.spark
 def test_a_gateway_over_tls_both_ways_lands_and_forwards_reads_and_shows_no_secret_anywhere(
-    mosquitto_factory, certs, spark_session, tmp_path, caplog
+    mosquitto_factory, certs, spark_session, tmp_path, caplog, capfd
 ):
     """Source: TLS with a password file. Upstream: mutual TLS. With forwarding on, a read lands
-    only once the upstream broker acknowledged it, so landing all of them proves both legs."""
+    only once the upstream broker acknowledged it, so landing all of them proves both legs. The
+    forward leg runs in its own process (the default), which logs to the same stderr."""
     broker = mosquitto_factory(
         password_file=mosquitto_passwords(tmp_path / "passwd", "gateway", SECRET),
         tls=server_tls(certs),
@@ -484,6 +485,8 @@ def test_a_gateway_over_tls_both_ways_lands_and_forwards_reads_and_shows_no_secr
             "FXGATE__GATEWAY__DATA_DIR": str(data),
             "FXGATE__PACKS__LINGER_SECONDS": "0.2",
             "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+            # The forward process logs at the configured level: DEBUG, like the lines below.
+            "FXGATE__GATEWAY__LOG_LEVEL": "DEBUG",
         },
         hostname="gw-test",
     )
@@ -509,7 +512,10 @@ def test_a_gateway_over_tls_both_ways_lands_and_forwards_reads_and_shows_no_secr
         supervisor.stop()
         clock.close()
 
-    logged = "\n".join(r.getMessage() for r in caplog.records)
+    # This process's records, and the forward process's lines (its stderr is ours).
+    logged = "\n".join(r.getMessage() for r in caplog.records) + capfd.readouterr().err
+    assert "forward process started" in logged
+    assert "forward actors.connection: upstream: connected to 127.0.0.1" in logged
     assert "source: connected to 127.0.0.1" in logged
     assert "upstream: connected to 127.0.0.1" in logged
     forwarded = re.findall(

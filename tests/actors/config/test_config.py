@@ -516,6 +516,16 @@ def test_upstream_with_routes_loads_the_routes_in_config_order(tmp_path):
         upstream.reconnect_jitter,
     ) == (1.0, 120.0, 0.25)
     assert config.identity.upstream_client_id == "fxgate-upstream-local-gw-01-gw-01"
+    assert upstream.process == "own"
+    assert "forward leg in its own process" in "\n".join(config.summary_lines())
+
+
+def test_the_forward_leg_can_share_the_daemons_process_and_nothing_else(tmp_path):
+    shared = load(write(tmp_path, UPSTREAM + 'process = "shared"\n' + ROUTE))
+    assert shared.upstream.process == "shared"
+    assert "forward leg in the daemon's process" in "\n".join(shared.summary_lines())
+    (error,) = errors_of(write(tmp_path, UPSTREAM + 'process = "thread"\n' + ROUTE))
+    assert error.startswith("upstream.process:") and "'own'" in error and "'shared'" in error
 
 
 def test_routes_without_an_upstream_section_are_an_error_naming_routes(tmp_path):
