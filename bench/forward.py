@@ -12,9 +12,11 @@ Four contestants per round, in this order, each on fresh brokers:
   once the daemon's status says all N are in its ledger, the upstream broker starts and fxgate
   forwards them from tier 2 (and tier 1 for what did not fit). Like the bare publisher, it only
   moves messages it already has: ingest is not in the timed window;
-- draining (report only): the same daemon forwarding while it drains the source session, the
-  upstream broker up from the start: ingest (a ledger commit and a source ack per message) and
-  the forward leg share one Python process;
+- draining: the same daemon forwarding while it drains the source session, the upstream broker
+  up from the start: ingest (a ledger commit and a source ack per message) in the daemon's
+  process, the forward leg in its own (the default, `[upstream] process = "own"`);
+- shared (QoS 1, report only): `draining` again with the forward leg in the daemon's process
+  (`process = "shared"`): ingest and forwarding on one interpreter, as before it had its own;
 - bridge: a mosquitto bridging the same N queued messages from the source broker to the
   upstream broker (bench.bridge.BridgeBroker), like `draining` taking from the source as it
   forwards.
@@ -86,7 +88,7 @@ WINDOW = 20  # the bare publisher's max_inflight, and fxgate's default upstream.
 # the outbound ledger holds the first pack, so tier 2 stays at 7,800, just under that mark.
 MESSAGES = {1: 8_000, 2: 5_000}
 MESSAGES_QUICK = {1: 6_000, 2: 3_000}
-ROLES = ("baseline", "fxgate", "draining", "bridge")
+ROLES = ("baseline", "fxgate", "draining", "bridge", "shared")
 
 # fxgate's upstream retries every 1 s, 2 s, 4 s, ... up to 120 s (jitter 25 %) by default;
 # capped here so that the stored-forward sample does not wait minutes for the next attempt.
@@ -244,17 +246,22 @@ def _route_env(source, upstream: MosquittoProcess, data: Path, qos: int, **extra
 
 
 def _cpu(pid: int) -> tuple[float, float]:
-    """CPU seconds so far of the gateway worker's Python process and of its children (JVM)."""
+    """CPU seconds so far of the gateway worker's Python processes (its own, the forward
+    process, the parse workers) and of its JVM."""
     process = psutil.Process(pid)
     times = process.cpu_times()
-    jvm = 0.0
+    python, jvm = times.user + times.system, 0.0
     for child in process.children(recursive=True):
         try:
             child_times = child.cpu_times()
-            jvm += child_times.user + child_times.system
+            spent = child_times.user + child_times.system
+            if "java" in child.name():
+                jvm += spent
+            else:
+                python += spent
         except psutil.NoSuchProcess:
             continue
-    return times.user + times.system, jvm
+    return python, jvm
 
 
 class _Run:
@@ -433,17 +440,20 @@ def fxgate_sample(ctx: Context, qos: int, messages: int) -> dict:
     }
 
 
-def draining_sample(ctx: Context, qos: int, messages: int) -> dict:
-    """fxgate drains a queued source session and forwards at the same time (report only)."""
+def draining_sample(ctx: Context, qos: int, messages: int, process: str = "own") -> dict:
+    """fxgate drains a queued source session and forwards at the same time, its forward leg in
+    its own process or (`process` "shared") in the daemon's."""
     worker = ctx.worker({})
-    directory = ctx.next_dir(f"forward-qos{qos}-drain")
+    directory = ctx.next_dir(f"forward-qos{qos}-drain-{process}")
     try:
         with (
             fresh_broker(directory / "source") as source,
             fresh_broker(directory / "upstream") as upstream,
         ):
             queued = prequeue(source, FXGATE_CLIENT_ID, messages, qos, 1, ctx.seed())
-            env = _route_env(source, upstream, directory / "data", qos)
+            env = _route_env(
+                source, upstream, directory / "data", qos, FXGATE__UPSTREAM__PROCESS=process
+            )
             counter = ArrivalCounter(upstream, directory / "counter", messages)
             try:
                 run = worker.ingest(
@@ -535,6 +545,12 @@ def forward(ctx: Context, qos: int) -> dict:
             ("fxgate", lambda: fxgate_sample(ctx, qos, messages)),
             ("draining", lambda: draining_sample(ctx, qos, messages)),
             ("bridge", lambda: bridge_sample(ctx, qos, messages)),
+            # The forward leg in the daemon's process, for comparison where the bar is (QoS 1).
+            *(
+                [("shared", lambda: draining_sample(ctx, qos, messages, "shared"))]
+                if qos == 1
+                else []
+            ),
         ],
         value,
     )
@@ -568,7 +584,9 @@ def forward(ctx: Context, qos: int) -> dict:
             "120) so that attempt comes within seconds; the delay is not timed",
             "fxgate_draining": "same daemon and config (default backoff), upstream broker up "
             "from the start: fxgate drains the queued source session (ledger commits, source "
-            "acks) and forwards in the same process",
+            "acks) and forwards, its forward leg in a process of its own (the default)",
+            "fxgate_shared": 'QoS 1 only: the draining run with [upstream] process = "shared": '
+            "the forward leg in the daemon's process, one interpreter for both legs",
             "bridge_config": "mosquitto 2.0.11, deliberate config (persistence, autosave 1 s, "
             "max_inflight_messages 1000, 1M queued); bridge `in` from the source and `out` to "
             f"the upstream, mqttv311, cleansession false, QoS {qos} (bench/bridge.py)",
@@ -583,6 +601,11 @@ def forward(ctx: Context, qos: int) -> dict:
     result["bridge"] = _side(
         result, "bridge", "mosquitto 2.0.11 bridge (in from source, out to upstream)"
     )
+    result["shared"] = (
+        _side(result, "shared", "fxgate draining, forward leg in the daemon's process")
+        if qos == 1
+        else None
+    )
     b_med = result["baseline"]["median"]
     d_med = result["draining"]["median"]
     bridge_median = result["bridge"]["median"]
@@ -594,6 +617,8 @@ def forward(ctx: Context, qos: int) -> dict:
     )
     # Like for like: the bridge too takes the messages from the source while it forwards.
     result["ratio_vs_bridge"] = d_med / bridge_median if d_med and bridge_median else None
+    s_med = result["shared"]["median"] if result["shared"] else None
+    result["ratio_shared"] = s_med / b_med if s_med and b_med else None
     fx = used(result, "fxgate")
     base = used(result, "baseline")
     if any(not s["complete"] for s in fx + base):
@@ -639,6 +664,12 @@ def forward(ctx: Context, qos: int) -> dict:
             if result["ratio_vs_bridge"]
             else ""
         )
+        + (
+            f", draining with the forward leg in the daemon's process/bare "
+            f"{result['ratio_shared']:.2f}"
+            if result["ratio_shared"]
+            else ""
+        )
     )
     return result
 
@@ -673,7 +704,7 @@ def bound_sentence(result: dict, messages: int) -> str:
     ]
     if fx_cpu is not None and fx_seconds:
         sentence = (
-            f"its Python process used {1e6 * fx_cpu / messages:.0f} ms CPU per 1,000 messages "
+            f"its Python processes used {1e6 * fx_cpu / messages:.0f} ms CPU per 1,000 messages "
             f"from the first to the last arrival ({fx_cpu / fx_seconds:.2f} cores; the Spark "
             "writer's work on acknowledged packs included)"
         )
@@ -690,16 +721,27 @@ def bound_sentence(result: dict, messages: int) -> str:
         cores = _med(drains, lambda s: s["cpu_table_window"].get("python_cores"))
         parts.append(
             f"forwarding while it drained the source (ingest: a ledger commit and a source ack "
-            f"per message, in the same process) it reached {_n(d_med)}"
+            f"per message, in the daemon's process; the forward leg in its own) it reached "
+            f"{_n(d_med)}"
             + (f" ({result['ratio_draining']:.2f}\u00d7)" if result["ratio_draining"] else "")
             + f": it took the {messages:,} messages from the source in {ack:.2f} s and needed "
             f"{upstream:.2f} s from its first to its last upstream arrival"
             + (
-                f", its Python process at {cores:.2f} cores from the first source PUBLISH to "
-                "the last row in the table"
+                f", the daemon's own process (its forward process not counted) at {cores:.2f} "
+                "cores from the first source PUBLISH to the last row in the table"
                 if cores is not None
                 else ""
             )
+        )
+    shared = used(result, "shared")
+    if shared and result.get("ratio_shared"):
+        ack = _med(shared, lambda s: s["source_ack_seconds"])
+        upstream = _med(shared, lambda s: s.get("arrival_seconds"))
+        parts.append(
+            f'with the forward leg in the daemon\'s process (`process = "shared"`, the same '
+            f"rounds) it reached {_n(result['shared']['median'])} "
+            f"({result['ratio_shared']:.2f}\u00d7): the source taken in {ack:.2f} s, "
+            f"{upstream:.2f} s from the first to the last upstream arrival"
         )
     late = [s for s in fx if s.get("counter_late")]
     if late:
@@ -746,6 +788,28 @@ def _side_text(side: dict, messages: int) -> str:
 
 
 def rows(result: dict) -> list[list[str]]:
+    table = _rows(result)
+    shared = result.get("shared")
+    if shared:
+        n_base = len(result["baseline"]["samples"])
+        messages = result["setup"]["messages_per_sample"]
+        table.append(
+            [
+                f"`{result['name']}` while draining, one process",
+                "same rounds: the draining run with the forward leg in the daemon's process "
+                '(`[upstream] process = "shared"`): ingest and forward on one interpreter',
+                f"{_n(result['baseline']['median'])} (bare paho publisher, max_inflight {WINDOW})",
+                f"{_side_text(shared, messages)} (fxgate while draining, one process)",
+                _ratio(result.get("ratio_shared")),
+                "report only",
+                "—",
+                f"{len(shared['samples'])}+{n_base}",
+            ]
+        )
+    return table
+
+
+def _rows(result: dict) -> list[list[str]]:
     setup = result["setup"]
     qos = setup["qos"]
     messages = setup["messages_per_sample"]
@@ -775,7 +839,7 @@ def rows(result: dict) -> list[list[str]]:
         [
             f"`{result['name']}` while draining",
             "same rounds: fxgate forwarding while it drains a queued source session (ingest "
-            "and forward in one process)",
+            "in the daemon's process, the forward leg in its own)",
             baseline,
             f"{_side_text(draining, messages)} (fxgate while draining)",
             _ratio(result.get("ratio_draining")),
@@ -809,6 +873,7 @@ def plot(results_dir: Path, result: dict) -> Path:
         "fxgate": ("tab:orange", "s"),
         "draining": ("tab:red", "D"),
         "bridge": ("tab:green", "^"),
+        "shared": ("tab:purple", "v"),
     }
     labels = {
         "baseline": f"bare paho publisher (median {_n(result['baseline']['median'])})",
@@ -816,6 +881,8 @@ def plot(results_dir: Path, result: dict) -> Path:
         "draining": "fxgate while draining the source (median of complete runs "
         f"{_n(result['draining']['median'])})",
         "bridge": f"mosquitto bridge (median of complete runs {_n(result['bridge']['median'])})",
+        "shared": "fxgate while draining, forward leg in the daemon's process (median of "
+        f"complete runs {_n((result.get('shared') or {}).get('median'))})",
     }
     for role in ROLES:
         samples = [s for s in result["raw"] if s["role"] == role]
@@ -842,7 +909,9 @@ def plot(results_dir: Path, result: dict) -> Path:
     ax.set_ylim(0, 1.15 * max(tops) if tops else None)
     ax.yaxis.set_major_formatter(matplotlib.ticker.StrMethodFormatter("{x:,.0f}"))
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    ax.set_xlabel("sample, in run order (bare, fxgate, fxgate while draining, bridge, ...)")
+    ax.set_xlabel(
+        "sample, in run order (bare, fxgate, fxgate while draining, bridge, [one process], ...)"
+    )
     ax.set_ylabel("msg/s")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
