@@ -45,6 +45,7 @@ import pykka
 
 from actors import crashpoints
 from actors.messages import Committed
+from actors.tell import stop_actor
 from persistence.records import LedgerRecord
 
 log = logging.getLogger(__name__)
@@ -499,14 +500,9 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> int:
 
 
 def _stop_all(started: list[tuple[str, pykka.ActorRef]], timeout: float) -> None:
+    """Stop the leg's actors in the reverse of their start, as the supervisor does."""
     while started:
-        name, ref = started.pop()
-        try:
-            stopped = ref.stop(block=True, timeout=timeout)
-        except pykka.Timeout:
-            log.error("%s did not stop within %.0f s", name, timeout)
-            continue
-        log.info("stopped %s%s", name, "" if stopped else " (it had already died)")
+        stop_actor(*started.pop(), timeout)
 
 
 def main() -> None:

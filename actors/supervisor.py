@@ -39,6 +39,7 @@ from actors.messages import (
 )
 from actors.mqtt.intake import IntakeGate
 from actors.pack import PackActor
+from actors.tell import stop_actor
 from actors.writer import CompactionSchedule, CompactNow, SparkWriterActor
 from persistence.compaction_request import pending_compaction_requests
 from persistence.disk_budget import DiskBudget
@@ -355,12 +356,7 @@ class Supervisor(WriterListener):
             name, ref = self._actors.pop()
             if name == "source":
                 self._flush_acks()
-            try:
-                stopped = ref.stop(block=True, timeout=STOP_TIMEOUT)
-            except pykka.Timeout:
-                log.error("%s did not stop within %.0f s", name, STOP_TIMEOUT)
-                continue
-            log.info("stopped %s%s", name, "" if stopped else " (it had already died)")
+            stop_actor(name, ref, STOP_TIMEOUT)
             if name == "source":
                 self._settle_lifecycle()
 
