@@ -311,10 +311,6 @@ class ForwardProcess:
         self.buffer = RemoteRef("buffer", self._link)
         log.info("forward process started (pid %d)", self._proc.pid)
 
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
     def _take_status(self, status: dict) -> None:
         with self._reported:
             self._status = status
