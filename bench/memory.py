@@ -6,8 +6,9 @@ readers publish at a steady rate to the source mosquitto. After a warm-up with t
 the proxy refuses and cuts every connection (the upstream broker looks down) for the outage, then
 lets them through again, and the backlog drains.
 
-Every second the bench samples the RSS of the daemon's Python process and of its Spark JVM (its
-`java` descendant) with psutil, and reads the daemon's `status.json` (tier-2 depth, both sinks'
+Every second the bench samples the RSS of the daemon's Python processes (its own and its Python
+children: the forward process, which holds tier 2 by default, and the parse workers) and of its
+Spark JVM (its `java` descendant) with psutil, and reads the daemon's `status.json` (tier-2 depth, both sinks'
 lag in the ledger, the disk budget). With small tier-2 caps tier 2 is full within seconds of the
 cut; from then on the upstream's backlog waits in the inbound ledger on disk (issue 12: the
 ledger is the buffer), the source stays acknowledged and the table keeps landing, so the daemon's
@@ -228,19 +229,25 @@ class Sampler:
             descendants = daemon.children(recursive=True)
         except psutil.NoSuchProcess:
             return None
-        jvm_rss, jvms = 0, 0
+        # The daemon's Python children (the forward process, which holds tier 2 by default,
+        # and the parse workers) count as Python: the bound is on the gateway, not one process.
+        jvm_rss, jvms, children_rss = 0, 0, 0
         for child in descendants:
             try:
                 if child.name() == "java":
                     jvm_rss += child.memory_info().rss
                     jvms += 1
+                else:
+                    children_rss += child.memory_info().rss
             except psutil.NoSuchProcess:
                 continue
+        python_rss += children_rss
         # The bench reaps these by PID when it ends, whatever happened to the daemon.
         self._daemon.spawned |= {child.pid for child in descendants}
         return {
             "t": round(at, 2),
             "python_rss": python_rss,
+            "python_children_rss": children_rss,
             "jvm_rss": jvm_rss if jvms else None,
             "jvms": jvms,
             **self._status(),
