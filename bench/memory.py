@@ -8,16 +8,16 @@ lets them through again, and the backlog drains.
 
 Every second the bench samples the RSS of the daemon's Python processes (its own and its Python
 children: the forward process, which holds tier 2 by default, and the parse workers) and of its
-Spark JVM (its `java` descendant) with psutil, and reads the daemon's `status.json` (tier-2 depth, both sinks'
-lag in the ledger, the disk budget). With small tier-2 caps tier 2 is full within seconds of the
-cut; from then on the upstream's backlog waits in the inbound ledger on disk (issue 12: the
-ledger is the buffer), the source stays acknowledged and the table keeps landing, so the daemon's
-memory must stay flat however long the outage lasts. The target: the Python RSS growth over the
-outage's second half (least-squares fit) stays under the tier-2 byte cap plus a small, stated
-slack, the source is never paused (only the disk budget may pause it, and it is far away here),
-and afterwards every published read arrives upstream once (the route forwards at QoS 2) and lands
-in the `reads` table once. (`bench.outage` runs the same kind of outage at the source broker's
-shipped queue limits and measures lag, ledger growth and the drain.)
+Spark JVM (its `java` descendant) with psutil, and reads the daemon's `status.json` (tier-2 depth,
+both sinks' lag in the ledger, the disk budget). With small tier-2 caps tier 2 is full within
+seconds of the cut; from then on the upstream's backlog waits in the inbound ledger on disk (issue
+12: the ledger is the buffer), the source stays acknowledged and the table keeps landing, so the
+daemon's memory must stay flat however long the outage lasts. The target: the Python RSS growth
+over the outage's second half (least-squares fit) stays under the tier-2 byte cap plus a small,
+stated slack, the source is never paused (only the disk budget may pause it, and it is far away
+here), and afterwards every published read arrives upstream once (the route forwards at QoS 2) and
+lands in the `reads` table once. (`bench.outage` runs the same kind of outage at the source
+broker's shipped queue limits and measures lag, ledger growth and the drain.)
 """
 
 from __future__ import annotations
