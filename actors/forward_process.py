@@ -177,7 +177,7 @@ class Link:
 
     def tell(self, name: str, message: object) -> None:
         if isinstance(message, Committed):
-            data = pickle.dumps((_ROWS, _rows(message.records)), pickle.HIGHEST_PROTOCOL)
+            data = pickle.dumps((_ROWS, name, _rows(message.records)), pickle.HIGHEST_PROTOCOL)
         else:
             buffer = io.BytesIO()
             _Pickler(buffer, self).dump((_TELL, name, message))
@@ -229,13 +229,10 @@ class Link:
     def _deliver(self, data: bytes) -> None:
         frame = _Unpickler(io.BytesIO(data), self).load()
         kind = frame[0]
-        if kind == _ROWS:
-            target = self.local.get("buffer")
-            if target is not None:
-                records = tuple(LedgerRecord(*row) for row in frame[1])
-                _tell_local(target, Committed(records))
-        elif kind == _TELL:
+        if kind in (_ROWS, _TELL):
             _, name, message = frame
+            if kind == _ROWS:
+                message = Committed(tuple(LedgerRecord(*row) for row in message))
             target = self.local.get(name)
             if target is None:
                 log.warning("forward link: no actor %r here for %r", name, message)
