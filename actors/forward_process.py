@@ -13,7 +13,7 @@ stdin (to it) and stdout (from it), each addressed to an actor by name.
   ledger's `ForwardRecorded`.
 - To the daemon: "ledger" gets the buffer's `Grant`s and the leg's `Forwarded` reports;
   "lifecycle" gets the upstream connection's events. A status snapshot of the three actors
-  comes every STATUS_INTERVAL seconds, for `fxgate status`, /healthz and /metrics.
+  comes whenever the daemon asks (each second, for `fxgate status`, /healthz and /metrics).
 An actor ref inside a message (`Forwarded.reply_to`) crosses as its name and arrives as the
 other side's ref of that name. `Committed` rows cross as plain tuples: one pickle call for a
 chunk, not one per field.
@@ -54,7 +54,8 @@ _LENGTH = struct.Struct("<I")
 # Frame kinds: a message for a named actor; rows for the buffer; a status snapshot; ready; stop;
 # a request for a status snapshot now.
 _TELL, _ROWS, _STATUS, _READY, _STOP, _ASK = range(6)
-STATUS_INTERVAL = 1.0
+# How often the child looks at its actors (one that died ends it).
+CHECK_INTERVAL = 1.0
 READY_TIMEOUT = 60.0
 
 
@@ -469,18 +470,19 @@ def _serve(requests: BinaryIO, replies: BinaryIO) -> int:
         except pykka.ActorDeadError:
             pass
 
-    # Each turn: a status report (the daemon asks for one each second; one comes every
-    # STATUS_INTERVAL anyway), and a look at the actors: one that died ends the process.
+    # Each turn: a status report if the daemon asked for one, and a look at the actors: one
+    # that died ends the process.
     while not stopping.is_set():
-        asked.clear()
-        report()
+        if asked.is_set():
+            asked.clear()
+            report()
         if not all(ref.is_alive() for _, ref in started):
             dead = [name for name, ref in started if not ref.is_alive()]
             log.error("forward process: actor(s) %s died; ending (the daemon restarts)", dead)
             _stop_all(started, init["stop_timeout"])
             clock.close()
             return 1
-        timer = clock.call_later(STATUS_INTERVAL, wake.set)
+        timer = clock.call_later(CHECK_INTERVAL, wake.set)
         wake.wait()
         wake.clear()
         timer.cancel()

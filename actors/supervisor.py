@@ -459,7 +459,7 @@ class Supervisor(WriterListener):
         except (pykka.Timeout, pykka.ActorDeadError):
             out["stale"] = True
         if self._forward is not None:
-            # The leg's actors as the child last reported them (every second).
+            # The leg's actors as the child reports them when asked (actors.forward_process).
             out.update(self._forward.status())
         if self.intake is not None:
             out["intake"] = asdict(self.intake.stats())
