@@ -7,6 +7,13 @@ until compaction rewrites them) and the partition columns typed as written (`dat
 full schema, so a query is checked against the columns it will have. Any other table directory
 found under a local tables directory (a name starting with a letter) is registered as well.
 
+It only reads. A statement runs when Spark's parser takes it as a query (`SELECT`, `WITH`, `VALUES`,
+`TABLE`, `FROM ... SELECT`: `parseQuery`, the grammar's own rule for them) or parses to one of the
+statements in `READ_ONLY_STATEMENTS` (`SHOW`, `DESCRIBE`, `EXPLAIN`). Anything else (`INSERT`,
+`INSERT OVERWRITE DIRECTORY`, `CREATE`, `DROP`, `SET`, `CACHE`, `ADD JAR`, ...) is refused before
+Spark runs it: Spark runs a command as the statement is handed to it, and one aimed at the
+tables directory would rewrite the gateway's tables under the daemon.
+
 A query's result comes back through Arrow (`DataFrame.toArrow`), so timestamps keep their UTC
 zone whatever the Python process's local zone is. At most `limit` rows are fetched (`df.limit`,
 so Spark stops early); the caller is told when there were more.
@@ -31,7 +38,7 @@ from decimal import Decimal
 
 import pyarrow as pa
 from py4j.protocol import Py4JJavaError
-from pyspark.errors import PySparkException
+from pyspark.errors import ParseException, PySparkException
 from pyspark.sql import SparkSession
 
 from spark.location import Location, local_path
@@ -67,6 +74,27 @@ class CannotQuery(ValueError):
 class QueryFailed(Exception):
     """Spark refused or failed the query (the command exits 1); the message is one line or a
     few, without the JVM's stack."""
+
+
+class QueryRefused(QueryFailed):
+    """The statement is not a query and could write or change state: it did not run."""
+
+
+# Statements beyond queries that only read, by the class of Spark's parsed plan.
+READ_ONLY_STATEMENTS = frozenset(
+    {
+        "ShowTables",
+        "ShowViews",
+        "ShowColumns",
+        "ShowFunctions",
+        "ShowTableProperties",
+        "DescribeRelation",
+        "DescribeColumn",
+        "DescribeFunction",
+        "DescribeQueryCommand",
+        "ExplainCommand",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -133,6 +161,7 @@ def run_query(session: SparkSession, query: str, limit: int) -> QueryResult:
     if limit < 0:
         raise ValueError(f"limit must be 0 or more, got {limit}")
     try:
+        check_read_only(session, query)
         df = session.sql(query)
         fields = df.schema.fields
         fetched = (df.limit(limit + 1) if limit else df).toArrow()
@@ -146,6 +175,23 @@ def run_query(session: SparkSession, query: str, limit: int) -> QueryResult:
         rows=tuple(rows[:limit] if truncated else rows),
         truncated=truncated,
     )
+
+
+def check_read_only(session: SparkSession, query: str) -> None:
+    """Raise QueryRefused unless `query` only reads (module docstring). Parsing runs nothing;
+    a statement Spark cannot parse raises its ParseException, as running it would."""
+    parser = session._jsparkSession.sessionState().sqlParser()
+    try:
+        parser.parseQuery(query)
+        return
+    except (ParseException, Py4JJavaError):
+        pass  # not a query: which statement it is decides
+    statement = parser.parsePlan(query).getClass().getSimpleName()
+    if statement not in READ_ONLY_STATEMENTS:
+        raise QueryRefused(
+            f"{statement} is not a query and could write or change state, so it did not run; "
+            "fxgate sql runs queries (SELECT, WITH, VALUES, TABLE) and SHOW, DESCRIBE, EXPLAIN"
+        )
 
 
 def describe_error(error: Exception) -> str:

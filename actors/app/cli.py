@@ -339,8 +339,11 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
     """Run a Spark SQL query over the tables: reads, dead_letters, events, reader_events (and
     any other table directory) are views of those names.
 
-    Exit status 0 when the query ran, 1 when Spark refused or failed it, 2 when no query could
-    run (no tables directory, a table unreadable, Spark did not start)."""
+    It only reads: a statement that is not a query (or SHOW, DESCRIBE, EXPLAIN) is refused
+    before it runs.
+
+    Exit status 0 when the query ran, 1 when it was refused or Spark failed it, 2 when no query
+    could run (no tables directory, a table unreadable, Spark did not start)."""
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
@@ -349,6 +352,7 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
     from spark.sql import (
         CannotQuery,
         QueryFailed,
+        QueryRefused,
         check_tables_dir,
         format_table,
         json_lines,
@@ -382,6 +386,9 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
             lines = list(json_lines(result)) if as_json else [format_table(result)]
         finally:
             stop_session(session)
+    except QueryRefused as error:
+        click.echo(f"fxgate sql: refused: {error}", err=True)
+        sys.exit(1)
     except QueryFailed as error:
         click.echo(f"fxgate sql: query failed: {error}", err=True)
         sys.exit(1)

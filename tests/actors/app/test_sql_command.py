@@ -293,6 +293,66 @@ def test_a_query_spark_refuses_or_fails_exits_1_with_sparks_reason_and_no_stack(
     assert "\tat " not in result.stderr and "Py4J" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "VALUES (1, 'a')",
+        "TABLE dead_letters",
+        "WITH r AS (SELECT * FROM reads) SELECT count(*) AS n FROM r",
+        "/* the reads */\nFROM reads SELECT epc",
+        "SHOW TABLES",
+        "SHOW COLUMNS IN reads",
+        "DESCRIBE reads",
+        "DESCRIBE reads epc",
+        "EXPLAIN SELECT * FROM reads",
+    ],
+)
+def test_queries_and_show_describe_explain_run(in_process, config_file, statement):
+    result = in_process("--config", str(config_file), statement)
+    assert result.exit_code == 0, result.stderr
+    assert re.search(r"\(\d+ rows?\)", result.stdout), result.stdout
+
+
+def files_under(root: Path) -> dict[str, tuple[int, int]]:
+    return {
+        str(path.relative_to(root)): (path.stat().st_size, path.stat().st_mtime_ns)
+        for path in sorted(root.rglob("*"))
+    }
+
+
+@pytest.mark.parametrize(
+    ("statement", "kind"),
+    [
+        ("INSERT OVERWRITE DIRECTORY '{out}' USING parquet SELECT * FROM reads", "InsertIntoDir"),
+        ("FROM reads INSERT OVERWRITE DIRECTORY '{out}' USING parquet SELECT *", "InsertIntoDir"),
+        ("INSERT INTO reads SELECT * FROM reads", "InsertIntoStatement"),
+        ("CREATE TABLE t USING parquet LOCATION '{out}' AS SELECT 1 AS x", "CreateTableAsSelect"),
+        ("DROP VIEW reads", "DropView"),
+        ("CACHE TABLE reads", "CacheTable"),
+        ("SET spark.sql.shuffle.partitions = 3", "SetCommand"),
+        ("EXPLAIN SELECT 1; INSERT OVERWRITE DIRECTORY '{out}' SELECT 1", None),
+    ],
+)
+def test_a_statement_that_could_write_is_refused_before_it_runs(
+    in_process, config_file, data_dir, spark_session, tmp_path, statement, kind
+):
+    out = tmp_path / "out"
+    before = files_under(data_dir / "tables")
+    partitions = spark_session.conf.get("spark.sql.shuffle.partitions")
+    result = in_process("--config", str(config_file), statement.format(out=out))
+    assert result.exit_code == 1
+    assert result.stdout == ""
+    if kind is None:  # two statements: Spark's parser refuses them, and nothing runs either
+        assert result.stderr.startswith("fxgate sql: query failed: [PARSE_SYNTAX_ERROR]")
+    else:
+        assert result.stderr.startswith(f"fxgate sql: refused: {kind} is not a query")
+    assert not out.exists()
+    assert files_under(data_dir / "tables") == before
+    assert spark_session.conf.get("spark.sql.shuffle.partitions") == partitions
+    assert not spark_session.catalog.isCached("reads")
+    assert "t" not in {table.name for table in spark_session.catalog.listTables()}
+
+
 def test_json_refuses_a_result_with_two_columns_of_one_name(in_process, config_file):
     result = in_process("--config", str(config_file), "--json", "SELECT epc, epc FROM reads")
     assert result.exit_code == 1
