@@ -10,10 +10,12 @@ RUFF     := $(VENV)/bin/ruff
 PYTEST_ARGS ?=
 
 # The full soak (issue 3): at least 20 daemon SIGKILLs, 5 broker restarts, 50 connection flaps
-# per QoS; results go to bench/results/soak-qos*.json. `make test` runs a short schedule.
+# per QoS; with a route upstream, also 50 upstream flaps and 10 SIGKILLs of the forward process.
+# Results go to bench/results/soak-*.json. `make test` runs a short schedule.
 SOAK_KILLS    ?= 20
 SOAK_RESTARTS ?= 5
 SOAK_FLAPS    ?= 50
+SOAK_FORWARD_KILLS ?= 10
 
 .PHONY: demo test lint format bench soak system-deps deps clean
 
@@ -35,7 +37,8 @@ bench: deps $(BENCH_STAMP)
 
 soak: deps
 	FXGATE_SOAK_KILLS=$(SOAK_KILLS) FXGATE_SOAK_BROKER_RESTARTS=$(SOAK_RESTARTS) \
-	FXGATE_SOAK_FLAPS=$(SOAK_FLAPS) FXGATE_SOAK_RESULTS=bench/results \
+	FXGATE_SOAK_FLAPS=$(SOAK_FLAPS) FXGATE_SOAK_FORWARD_KILLS=$(SOAK_FORWARD_KILLS) \
+	FXGATE_SOAK_RESULTS=bench/results \
 	$(VENV)/bin/pytest -p no:cacheprovider -s tests/soak
 
 lint: deps
