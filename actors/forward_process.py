@@ -38,6 +38,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import BinaryIO
 
@@ -285,6 +286,7 @@ class ForwardProcess:
         self._status: dict = {}
         self._reports = 0  # status snapshots received so far
         self._reported = threading.Condition()
+        began = time.monotonic()
         self._proc = subprocess.Popen(
             [sys.executable, "-m", __name__],
             stdin=subprocess.PIPE,
@@ -307,7 +309,11 @@ class ForwardProcess:
                 f"exit status {self._proc.poll()}; its log lines are above"
             )
         self.buffer = RemoteRef("buffer", self._link)
-        log.info("forward process started (pid %d)", self._proc.pid)
+        log.info(
+            "forward process started (pid %d) in %.2f s",
+            self._proc.pid,
+            time.monotonic() - began,
+        )
 
     def _take_status(self, status: dict) -> None:
         with self._reported:

@@ -440,16 +440,18 @@ def profile_run(ctx: Context, name: str, take: Callable[[], dict], worker: Gatew
 def _profile_run(ctx: Context, name: str, take: Callable[[], dict], worker: GatewayWorker) -> dict:
     svg = ctx.settings.results_dir / f"{name}-profile.svg"
     raw = ctx.settings.work_dir / f"{name}-profile-gil.txt"
-    with py_spy(worker.pid, svg, "flamegraph"):
+    # The worker's Python children too: the forward process, the parse worker and its helper.
+    with py_spy(worker.pid, svg, "flamegraph", ("--subprocesses",)):
         take()
     began = time.monotonic()
-    with py_spy(worker.pid, raw, "raw", ("--gil",)):
+    with py_spy(worker.pid, raw, "raw", ("--gil", "--subprocesses")):
         sample = take()
     recorded = time.monotonic() - began
     summary = summarize_raw(raw, PY_SPY_RATE)
     return {
         "flamegraph": svg.name,
-        "how": f"py-spy record --pid <worker> --threads --rate {PY_SPY_RATE} (flame graph); "
+        "how": f"py-spy record --pid <worker> --subprocesses --threads --rate {PY_SPY_RATE} "
+        "(flame graph); "
         "the same with --gil --format raw for the GIL summary (runs not counted)",
         "gil_run_seconds_recorded": round(recorded, 2),
         "gil_held_seconds_sampled": summary["sampled_seconds"],

@@ -6,6 +6,13 @@
 
 With `--gil` only samples taken while the thread held the GIL are kept, so the totals say how much
 of the profiled time each thread held it, and the leaf frames say doing what.
+
+With `--subprocesses` each stack starts with the processes it runs in, outermost first:
+
+    process 315:"python -m actors.app.cli run";process 319:"python -m actors.forward_process";...
+
+A thread of a child process is named after that child ("forward process: OutboundLedger"); each
+process has a GIL of its own, so the shares are of all the samples taken in every process.
 """
 
 from __future__ import annotations
@@ -17,6 +24,22 @@ from pathlib import Path
 _LINE = re.compile(r"^(?P<stack>.*) (?P<count>\d+)$")
 _THREAD = re.compile(r"^thread \((?P<tid>[^)]*)\)(?::\s*(?P<name>.*))?$")
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<where>[^()]*)\)$")
+# One process frame: its command line may hold ";", so it ends where the next frame begins.
+_PROCESS = re.compile(r'process \d+:"(?P<cmdline>.*?)";(?=process \d+:"|thread \()')
+# The daemon's Python children, by what their command line runs.
+_CHILDREN = {
+    "actors.forward_process": "forward process",
+    "spark.parse_worker --part": "parse helper",
+    "spark.parse_worker": "parse worker",
+}
+
+
+def _process_label(cmdline: str) -> str:
+    for module, label in _CHILDREN.items():
+        if module in cmdline:
+            return label
+    words = cmdline.split()
+    return words[-1] if words else "child"
 
 
 def _thread_role(name: str | None) -> str:
@@ -47,12 +70,20 @@ def summarize_raw(path: Path, rate: int, top: int = 15) -> dict:
         if not match:
             continue
         count = int(match.group("count"))
-        frames = match.group("stack").split(";")
+        stack = match.group("stack")
+        cmdlines = []
+        while process := _PROCESS.match(stack):
+            cmdlines.append(process["cmdline"])
+            stack = stack[process.end() :]
+        child = _process_label(cmdlines[-1]) if len(cmdlines) > 1 else None
+        frames = stack.split(";")
         role = "unknown"
-        thread = _THREAD.match(frames[0])
+        thread = _THREAD.match(frames[0]) if frames else None
         if thread:
             role = _thread_role(thread.group("name"))
             frames = frames[1:]
+        if child is not None:
+            role = f"{child}: {role}"
         total += count
         per_thread[role] += count
         if frames:
