@@ -18,7 +18,9 @@ crash. A password may come from a file, read at every connect so that a rotated 
 A subscription the broker refuses (a SUBACK reason code >= 0x80, MQTT 5 §3.9.3) is not a passing
 log line: nothing will arrive on that filter while the connection looks healthy. The filter stays
 in `state().refused_subscriptions` (status, a metric and /healthz read it) until a later SUBACK
-grants it, e.g. after a reconnect once the broker's ACL is fixed.
+grants it. The connection asks for the refused filters again, in a SUBSCRIBE of their own, on a
+backoff of RESUBSCRIBE_MIN_DELAY doubling to RESUBSCRIBE_MAX_DELAY, so a fixed ACL takes effect
+without a reconnect or a restart; a new connection subscribes to every filter anyway.
 
 `auto_reconnect = false` means the first drop (or a failed first connect) ends the connection for
 good: one ERROR says so and how to recover, the state becomes `not_reconnecting` (health reports it
@@ -139,8 +141,21 @@ class _Disconnected:
 
 @dataclass(frozen=True, slots=True)
 class _Subscribed:
+    mid: int
     reasons: tuple[str, ...]
     failed: tuple[bool, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class _Resubscribe:
+    epoch: int
+
+
+# Asking the broker again for a refused subscription: the first time after this many seconds,
+# then twice as long each time up to the maximum (randomised by +/- RESUBSCRIBE_JITTER).
+RESUBSCRIBE_MIN_DELAY = 30.0
+RESUBSCRIBE_MAX_DELAY = 600.0
+RESUBSCRIBE_JITTER = 0.25
 
 
 def describe_suback_reason(reason_code: ReasonCode) -> str:
@@ -246,6 +261,12 @@ class ConnectionActor(pykka.ThreadingActor):
         # Filters the broker's last SUBACK for them refused, and their reasons (module docstring).
         self._refused: dict[str, str] = {}
         self._refusals = 0
+        # The filters of each SUBSCRIBE of this connection, by packet id, until its SUBACK.
+        self._subscribing: dict[int, tuple[str, ...]] = {}
+        self._resubscribe_backoff = Backoff(
+            RESUBSCRIBE_MIN_DELAY, RESUBSCRIBE_MAX_DELAY, RESUBSCRIBE_JITTER
+        )
+        self._resubscribe_timer: TimerHandle | None = None
 
     # -- life cycle -------------------------------------------------------------------------
 
@@ -325,6 +346,7 @@ class ConnectionActor(pykka.ThreadingActor):
     def on_stop(self) -> None:
         self._stopping = True
         self._cancel_timer()
+        self._cancel_resubscribe()
         client = self._client
         if client is not None:
             # paho's thread may be waiting for the ledger to take what it was handed.
@@ -374,10 +396,11 @@ class ConnectionActor(pykka.ThreadingActor):
             ),
         )
 
-    def _on_subscribe(self, _client, _userdata, _mid, reason_codes, _properties) -> None:
+    def _on_subscribe(self, _client, _userdata, mid, reason_codes, _properties) -> None:
         tell_unless_dead(
             self.actor_ref,
             _Subscribed(
+                mid,
                 tuple(describe_suback_reason(r) for r in reason_codes),
                 tuple(r.is_failure for r in reason_codes),
             ),
@@ -402,6 +425,9 @@ class ConnectionActor(pykka.ThreadingActor):
             self._publish(message)
         elif isinstance(message, _TlsError):
             self._tls_errors[message.epoch] = message.cause
+        elif isinstance(message, _Resubscribe):
+            self._resubscribe_timer = None
+            self._resubscribe(message.epoch)
         elif isinstance(message, _Reconnect):
             self._timer = None
             self._next_attempt_at = None
@@ -448,30 +474,47 @@ class ConnectionActor(pykka.ThreadingActor):
             SessionStarted(message.epoch, message.session_present, message.receive_maximum)
         )
         self._lifecycle_tell(SessionConnected(self._s.client_id, self._s.client_id, message.epoch))
+        self._cancel_resubscribe()
+        self._resubscribe_backoff.reset()
+        self._subscribing.clear()  # packet ids are per connection
+        self._subscribe(self._s.subscriptions)
+
+    def _subscribe(self, topics: tuple[str, ...]) -> None:
         assert self._client is not None
-        if self._s.subscriptions:
-            # retainHandling=1: retained messages only for a new subscription, not on every
-            # reconnect.
-            options = SubscribeOptions(qos=self._s.qos, retainHandling=1)
-            self._client.subscribe([(topic, options) for topic in self._s.subscriptions])
+        if not topics:
+            return
+        # retainHandling=1: retained messages only for a new subscription, not on every
+        # reconnect.
+        options = SubscribeOptions(qos=self._s.qos, retainHandling=1)
+        _, mid = self._client.subscribe([(topic, options) for topic in topics])
+        if mid is not None:  # None: the socket is gone, and its disconnect is on its way
+            self._subscribing[mid] = topics
 
     def _handle_subscribed(self, message: _Subscribed) -> None:
-        # One SUBSCRIBE per connection carries every filter, and the SUBACK answers them in
-        # order (MQTT 5 §3.9.3).
-        for topic, reason, failed in zip(
-            self._s.subscriptions, message.reasons, message.failed, strict=False
-        ):
+        # The SUBACK answers the filters of its SUBSCRIBE in order (MQTT 5 §3.9.3): every
+        # filter on a new connection, the refused ones when they are asked for again.
+        topics = self._subscribing.pop(message.mid, self._s.subscriptions)
+        for topic, reason, failed in zip(topics, message.reasons, message.failed, strict=False):
             if failed:
+                again = topic in self._refused
                 self._refused[topic] = reason
                 self._refusals += 1
-                log.error(
-                    "%s: the broker refused the subscription to %s: %s; nothing arrives on it "
-                    "until a later SUBACK grants it (check the broker's ACL for %s)",
-                    self._s.name,
-                    topic,
-                    reason,
-                    self._s.client_id,
-                )
+                if again:
+                    log.warning(
+                        "%s: the broker refused the subscription to %s again: %s",
+                        self._s.name,
+                        topic,
+                        reason,
+                    )
+                else:
+                    log.error(
+                        "%s: the broker refused the subscription to %s: %s; nothing arrives "
+                        "on it until a later SUBACK grants it (check the broker's ACL for %s)",
+                        self._s.name,
+                        topic,
+                        reason,
+                        self._s.client_id,
+                    )
             elif self._refused.pop(topic, None) is not None:
                 log.warning(
                     "%s: subscription to %s granted (%s) after a refusal",
@@ -481,6 +524,33 @@ class ConnectionActor(pykka.ThreadingActor):
                 )
             else:
                 log.info("%s: subscribed to %s (%s)", self._s.name, topic, reason)
+        if not self._refused:
+            self._resubscribe_backoff.reset()
+        elif self._resubscribe_timer is None and not self._stopping and self._client is not None:
+            delay = self._resubscribe_backoff.next_delay()
+            epoch = self._client.epoch
+            log.info(
+                "%s: asking the broker again for %s in %.0f s",
+                self._s.name,
+                ", ".join(self._refused),
+                delay,
+            )
+            self._resubscribe_timer = self._clock.call_later(
+                delay, lambda: tell_unless_dead(self.actor_ref, _Resubscribe(epoch))
+            )
+
+    def _resubscribe(self, epoch: int) -> None:
+        """The refused filters, asked for again on the connection that refused them."""
+        if self._stopping or self._client is None or self._client.epoch != epoch:
+            return  # that connection is gone: the next one subscribes to every filter
+        if self._state != "connected" or not self._refused:
+            return
+        self._subscribe(tuple(self._refused))
+
+    def _cancel_resubscribe(self) -> None:
+        if self._resubscribe_timer is not None:
+            self._resubscribe_timer.cancel()
+            self._resubscribe_timer = None
 
     def _handle_disconnected(self, message: _Disconnected) -> None:
         if self._stopping:
@@ -488,6 +558,7 @@ class ConnectionActor(pykka.ThreadingActor):
         assert self._client is not None
         if message.epoch != self._client.epoch:
             return  # a late report about a connection we already replaced
+        self._cancel_resubscribe()
         if self._state == "connected":
             self._disconnects += 1
             self._lifecycle_tell(

@@ -18,7 +18,7 @@ from prometheus_client import CollectorRegistry
 from actors.app.metrics import HealthThresholds, StatusBoard, build_registry
 from actors.app.status import format_status
 from actors.clock import SimulatedClock
-from actors.connection import ConnectionActor
+from actors.connection import RESUBSCRIBE_MIN_DELAY, ConnectionActor
 from tests.actors.test_connection import InstantLedger, drive_until, settings
 from tests.harness.checks import wait_until
 from tests.harness.fake_broker import FakeBroker
@@ -126,6 +126,81 @@ def test_a_refused_subscription_is_loud_and_unhealthy_until_a_later_suback_grant
     # And reads on it arrive now.
     fake.publish_to_clients("zebra/fx/fx9600-01/reads", b'{"n":1}', qos=1)
     assert ledger.wait_payloads(1) == [b'{"n":1}']
+
+
+def test_a_refused_subscription_is_asked_for_again_on_a_backoff_and_granted_without_a_reconnect(
+    fake, actors, caplog
+):
+    fake.refuse_subscriptions[TOPIC] = NOT_AUTHORIZED
+    clock = SimulatedClock()
+    ledger = InstantLedger()
+    connection = ConnectionActor.start(
+        settings(fake, subscriptions=(TOPIC, OTHER), qos=1), clock, ledger
+    )
+    actors.append(connection)
+    proxy = connection.proxy()
+
+    def state():
+        return proxy.state().get(timeout=10)
+
+    def asked_for(topic):
+        return [f for _, f, _ in fake.subscribes].count(topic)
+
+    with caplog.at_level(logging.INFO, logger="actors.connection"):
+        assert wait_until(lambda: state().refused_subscriptions, timeout=15)
+        assert clock.wait_for_timers(1)
+        first = clock.next_due_in()
+        assert RESUBSCRIBE_MIN_DELAY * 0.75 <= first <= RESUBSCRIBE_MIN_DELAY * 1.25
+        # Still refused at the first ask: the next one waits about twice as long.
+        clock.advance(first)
+        assert wait_until(lambda: state().subscription_refusals == 2, timeout=15)
+        assert clock.wait_for_timers(1)
+        second = clock.next_due_in()
+        assert RESUBSCRIBE_MIN_DELAY * 1.5 <= second <= RESUBSCRIBE_MIN_DELAY * 2.5
+        # The ACL is fixed: the next ask is granted on the same connection.
+        fake.refuse_subscriptions.clear()
+        clock.advance(second)
+        assert wait_until(lambda: not state().refused_subscriptions, timeout=15)
+    assert asked_for(TOPIC) == 1 and asked_for(OTHER) == 1  # only the refused one asked again
+    assert len(ledger.sessions) == 1 and state().connects == 1  # no reconnect
+    assert clock.pending() == 0  # nothing more to ask
+    said = [(r.levelno, r.getMessage()) for r in caplog.records if r.name == "actors.connection"]
+    assert (
+        logging.WARNING,
+        f"source: the broker refused the subscription to {TOPIC} again: Not authorized (0x87)",
+    ) in said
+    assert (
+        logging.WARNING,
+        f"source: subscription to {TOPIC} granted (Granted QoS 1 (0x01)) after a refusal",
+    ) in said
+    assert [m for level, m in said if level == logging.ERROR] == [
+        f"source: the broker refused the subscription to {TOPIC}: Not authorized (0x87); nothing "
+        "arrives on it until a later SUBACK grants it (check the broker's ACL for "
+        "fxgate-test-gw1)"
+    ]
+    fake.publish_to_clients("zebra/fx/fx9600-01/reads", b'{"n":1}', qos=1)
+    assert ledger.wait_payloads(1) == [b'{"n":1}']
+
+
+def test_a_dropped_connection_drops_the_pending_ask_and_its_successor_subscribes_to_all(
+    fake, actors
+):
+    fake.refuse_subscriptions[TOPIC] = NOT_AUTHORIZED
+    clock = SimulatedClock()
+    ledger = InstantLedger()
+    connection = ConnectionActor.start(
+        settings(fake, subscriptions=(TOPIC,), qos=1, reconnect_min_delay=1.0), clock, ledger
+    )
+    actors.append(connection)
+    proxy = connection.proxy()
+    assert wait_until(lambda: proxy.state().get(timeout=10).refused_subscriptions, timeout=15)
+    assert clock.wait_for_timers(1)
+    fake.refuse_subscriptions.clear()
+    fake.drop_clients()
+    assert drive_until(clock, lambda: len(ledger.sessions) >= 2, ledger.cond)
+    assert wait_until(lambda: not proxy.state().get(timeout=10).refused_subscriptions, 15)
+    # The first connection's ask was cancelled with it: no timer is left to fire.
+    assert clock.pending() == 0
 
 
 def test_with_auto_reconnect_off_a_dropped_connection_stays_down_says_so_and_is_unhealthy_at_once(
