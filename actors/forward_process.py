@@ -343,7 +343,13 @@ class ForwardProcess:
         """Ask the child to stop its actors and exit; True if it did, False if it had died.
         Past `timeout` it is killed and pykka.Timeout raised, as for an actor."""
         if not self.is_alive():
+            code = self._proc.poll()
             self._end()
+            log.error(
+                "the forward process (pid %d) had ended: exit status %s",
+                self._proc.pid,
+                code if code is not None else f"{self._proc.returncode} (its pipe had closed)",
+            )
             return False
         try:
             self._link.send_stop()

@@ -833,6 +833,9 @@ def test_a_killed_forward_process_is_restarted_and_every_read_arrives_once(
             mark = daemon.mark()
             os.kill(child, signal.SIGKILL)
             daemon.wait_for_log(r"actor forward died.*restarting all actors", after=mark)
+            daemon.wait_for_log(
+                rf"the forward process \(pid {child}\) had ended: exit status -9", after=mark
+            )
             second = int(daemon.wait_for_log(FORWARD_STARTED, after=mark).group(1))
             assert second != child
         finally:

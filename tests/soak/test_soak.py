@@ -114,8 +114,8 @@ class Faults:
 
     def _forward_kill(self) -> None:
         """SIGKILL the forward process alone: the daemon restarts its actors and a new one."""
-        mark = self.daemon.mark()
         child = forward_process_of(self.daemon)
+        mark = self.daemon.mark()  # after its start line: the restart's is the next one
         os.kill(child, signal.SIGKILL)
         self.daemon.wait_for_log(r"actor forward died.*restarting all actors", after=mark)
         self.daemon.wait_for_log(r"forward process started", after=mark)
@@ -129,7 +129,7 @@ def forward_process_of(daemon) -> int:
                 return child.pid
         except psutil.Error:  # a child already gone, or a zombie not yet reaped
             continue
-    raise AssertionError(f"the daemon has no forward process; log:\n{daemon.output(last=40)}")
+    raise AssertionError(f"the daemon has no forward process; log:\n{daemon.output()}")
 
 
 def daemon_env(source_proxy, data: Path) -> dict[str, str]:
