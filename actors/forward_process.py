@@ -345,11 +345,12 @@ class ForwardProcess:
         if not self.is_alive():
             code = self._proc.poll()
             self._end()
-            log.error(
-                "the forward process (pid %d) had ended: exit status %s",
-                self._proc.pid,
-                code if code is not None else f"{self._proc.returncode} (its pipe had closed)",
-            )
+            if code is None:
+                log.error("the forward process (pid %d) had closed its pipe: ended", self._proc.pid)
+            else:
+                log.error(
+                    "the forward process (pid %d) had ended: exit status %d", self._proc.pid, code
+                )
             return False
         try:
             self._link.send_stop()

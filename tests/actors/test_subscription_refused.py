@@ -45,6 +45,25 @@ def fake():
         yield broker
 
 
+@pytest.fixture
+def start_refused(fake, actors):
+    """Start a source connection to the fake broker, which refuses TOPIC: (clock, ledger, a
+    function giving the connection's state)."""
+
+    def start(subscriptions=(TOPIC, OTHER), **overrides):
+        fake.refuse_subscriptions[TOPIC] = NOT_AUTHORIZED
+        clock = SimulatedClock()
+        ledger = InstantLedger()
+        connection = ConnectionActor.start(
+            settings(fake, subscriptions=subscriptions, qos=1, **overrides), clock, ledger
+        )
+        actors.append(connection)
+        proxy = connection.proxy()
+        return clock, ledger, lambda: proxy.state().get(timeout=10)
+
+    return start
+
+
 def board_with(clock: SimulatedClock, state) -> StatusBoard:
     """A StatusBoard that has seen one snapshot holding this source state, as the daemon's."""
     board = StatusBoard(clock, HealthThresholds())
@@ -57,19 +76,9 @@ def sample(registry: CollectorRegistry, name: str) -> float | None:
 
 
 def test_a_refused_subscription_is_loud_and_unhealthy_until_a_later_suback_grants_it(
-    fake, actors, caplog
+    fake, start_refused, caplog
 ):
-    fake.refuse_subscriptions[TOPIC] = NOT_AUTHORIZED
-    clock = SimulatedClock()
-    ledger = InstantLedger()
-    connection = ConnectionActor.start(
-        settings(fake, subscriptions=(TOPIC, OTHER), qos=1), clock, ledger
-    )
-    actors.append(connection)
-    proxy = connection.proxy()
-
-    def state():
-        return proxy.state().get(timeout=10)
+    clock, ledger, state = start_refused()
 
     with caplog.at_level(logging.INFO, logger="actors.connection"):
         assert wait_until(lambda: state().refused_subscriptions, timeout=15)
@@ -129,19 +138,9 @@ def test_a_refused_subscription_is_loud_and_unhealthy_until_a_later_suback_grant
 
 
 def test_a_refused_subscription_is_asked_for_again_on_a_backoff_and_granted_without_a_reconnect(
-    fake, actors, caplog
+    fake, start_refused, caplog
 ):
-    fake.refuse_subscriptions[TOPIC] = NOT_AUTHORIZED
-    clock = SimulatedClock()
-    ledger = InstantLedger()
-    connection = ConnectionActor.start(
-        settings(fake, subscriptions=(TOPIC, OTHER), qos=1), clock, ledger
-    )
-    actors.append(connection)
-    proxy = connection.proxy()
-
-    def state():
-        return proxy.state().get(timeout=10)
+    clock, ledger, state = start_refused()
 
     def asked_for(topic):
         return [f for _, f, _ in fake.subscribes].count(topic)
@@ -183,22 +182,15 @@ def test_a_refused_subscription_is_asked_for_again_on_a_backoff_and_granted_with
 
 
 def test_a_dropped_connection_drops_the_pending_ask_and_its_successor_subscribes_to_all(
-    fake, actors
+    fake, start_refused
 ):
-    fake.refuse_subscriptions[TOPIC] = NOT_AUTHORIZED
-    clock = SimulatedClock()
-    ledger = InstantLedger()
-    connection = ConnectionActor.start(
-        settings(fake, subscriptions=(TOPIC,), qos=1, reconnect_min_delay=1.0), clock, ledger
-    )
-    actors.append(connection)
-    proxy = connection.proxy()
-    assert wait_until(lambda: proxy.state().get(timeout=10).refused_subscriptions, timeout=15)
+    clock, ledger, state = start_refused(subscriptions=(TOPIC,), reconnect_min_delay=1.0)
+    assert wait_until(lambda: state().refused_subscriptions, timeout=15)
     assert clock.wait_for_timers(1)
     fake.refuse_subscriptions.clear()
     fake.drop_clients()
     assert drive_until(clock, lambda: len(ledger.sessions) >= 2, ledger.cond)
-    assert wait_until(lambda: not proxy.state().get(timeout=10).refused_subscriptions, 15)
+    assert wait_until(lambda: not state().refused_subscriptions, 15)
     # The first connection's ask was cancelled with it: no timer is left to fire.
     assert clock.pending() == 0
 
