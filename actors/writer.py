@@ -23,11 +23,14 @@ waits for its retry, new packs wait behind it, which keeps batches in order.
 Compaction (spark/compaction.py, DESIGN §7.7) runs here too, on this thread and session (the one
 owner of the SparkSession): a pass over the closed dates `start_delay` after the start and every
 `interval` after that, and one whenever `fxgate compact` leaves a request (the supervisor tells
-`CompactNow`). The writer holds the tables directory's compaction lock from its start to its stop,
-so no `fxgate compact` rewrites a date under it. A pass waits while a batch waits for its retry or
-a replay is queued: a date is compacted only once everything landed in it is committed. A replay of
-a batch whose date was compacted anyway (by `fxgate compact --include-open` without the ledger's
-word) writes only its other dates: the compacted files hold the rest already.
+`CompactNow`). When pyarrow lands the batches (the default, on a local disk), nothing else needs
+Spark: the session is started only when a pass has a date to rewrite, and stopped when the pass
+ends, so the JVM (about 330 MiB) is not kept for the hour between passes. The writer holds the
+tables directory's compaction lock from its start to its stop, so no `fxgate compact` rewrites a
+date under it. A pass waits while a batch waits for its retry or a replay is queued: a date is
+compacted only once everything landed in it is committed. A replay of a batch whose date was
+compacted anyway (by `fxgate compact --include-open` without the ledger's word) writes only its
+other dates: the compacted files hold the rest already.
 
 A ledger that cannot write (StorageUnavailable: disk full) is waited out the same way: a batch it
 could not begin goes back in front of the pending packs, and one whose commit it could not record
@@ -189,6 +192,8 @@ class SparkWriterActor(pykka.ThreadingActor):
         # (spark.tables.ArrowTableWriter) when the tables are on this disk, else (and False)
         # through Spark jobs (spark.tables.TableWriter).
         self._land_with_arrow = land_with_arrow
+        # True once on_start chose pyarrow: no Spark session except for a compaction pass.
+        self._session_per_pass = False
         self._parse_worker: ParseWorker | None = None
         self._worker_deaths = 0
         # Batches in the worker's hands, oldest first (PIPELINE_DEPTH), and whether a flush
@@ -271,6 +276,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         local_tables = self._local_tables = local_path(self._tables_dir)
         if self._table_writer is None:
             arrow = self._land_with_arrow and local_tables is not None
+            self._session_per_pass = arrow
             self._table_writer = (
                 functools.partial(ArrowTableWriter, checkpoint=crash_point)
                 if arrow
@@ -288,9 +294,17 @@ class SparkWriterActor(pykka.ThreadingActor):
             removed = clean_staging(local_tables)
             if removed:
                 log.info("removed %d leftover(s) of interrupted Spark jobs", len(removed))
-        self._session = self._session_factory()
-        self._tables = self._table_writer(self._session, self._tables_dir)
-        log.info("spark writer ready: tables in %s", self._tables_dir)
+        if self._session_per_pass:
+            self._tables = self._table_writer(None, self._tables_dir)
+            log.info(
+                "spark writer ready: tables in %s (batches by pyarrow; a Spark session starts "
+                "only to compact a date)",
+                self._tables_dir,
+            )
+        else:
+            self._session = self._session_factory()
+            self._tables = self._table_writer(self._session, self._tables_dir)
+            log.info("spark writer ready: tables in %s", self._tables_dir)
         if self._compaction_lock is not None and self._compaction.enabled:
             self._schedule_compaction(self._compaction.start_delay)
 
@@ -466,7 +480,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             return None
         boundary = closed_before(self._clock.wall(), lag["oldest_received_time"])
         compactor = Compactor(
-            self._session,
+            self._session_for_compaction if self._session_per_pass else self._session,
             self._local_tables,
             wall=self._clock.wall,
             grace_seconds=self._compaction.grace,
@@ -478,6 +492,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         try:
             result = compactor.run(boundary)
         except Exception as error:  # Spark or the file system; the tables stay as they were
+            self._end_pass_session()
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             log.error("compaction pass (%s) failed: %s; the next pass tries again", reason, first)
             self._report_compaction(
@@ -489,6 +504,7 @@ class SparkWriterActor(pykka.ThreadingActor):
                 last_summary=first,
             )
             return None
+        self._end_pass_session()
         log.info("compaction pass (%s, dates before %s): %s", reason, boundary, result.summary())
         self._report_compaction(
             passes=report.passes + 1,
@@ -501,6 +517,18 @@ class SparkWriterActor(pykka.ThreadingActor):
             dates_left_open=len(result.skipped),
         )
         return result
+
+    def _session_for_compaction(self):
+        """The pass's Spark session, started when its first date is rewritten."""
+        if self._session is None:
+            log.info("starting a Spark session to compact")
+            self._session = self._session_factory()
+        return self._session
+
+    def _end_pass_session(self) -> None:
+        if self._session_per_pass and self._session is not None:
+            self._close_session()
+            log.info("compacted: the Spark session is stopped until the next date to compact")
 
     def _replay(self, batch: ReplayBatch) -> None:
         self._land_in_flight()  # the batches begun before it go first
@@ -739,6 +767,8 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     def _ensure_session(self) -> None:
         """A JVM that died (out of memory exits it) is started again before a retry."""
+        if self._session_per_pass:
+            return  # pyarrow writes the batches: no session to start again
         try:
             self._session.sparkContext._jsc.sc().isStopped()
             return

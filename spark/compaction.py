@@ -416,7 +416,7 @@ class Compactor:
 
     def __init__(
         self,
-        session: SparkSession,
+        session: SparkSession | Callable[[], SparkSession],
         tables_dir: Path,
         *,
         wall: Callable[[], float] = time.time,
@@ -426,7 +426,10 @@ class Compactor:
         checkpoint: Callable[[str], None] = lambda name: None,
         swap_wait_seconds: float = SWAP_WAIT_SECONDS,
     ) -> None:
-        self._session = session
+        # A session, or what gives one when the first date is rewritten: a pass with nothing
+        # to rewrite needs no Spark (the daemon starts its session only then).
+        self._session: SparkSession | None = None if callable(session) else session
+        self._session_source = session
         self._tables_dir = Path(tables_dir)
         self._wall = wall
         self._grace = grace_seconds
@@ -434,7 +437,13 @@ class Compactor:
         self._schemas = current_schemas() if schemas is None else dict(schemas)
         self._checkpoint = checkpoint
         self._swap_wait = swap_wait_seconds
-        session.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+        if self._session is not None:
+            _write_micros(self._session)
+
+    def _spark(self) -> SparkSession:
+        if self._session is None:
+            self._session = _write_micros(self._session_source())
+        return self._session
 
     def run(
         self,
@@ -647,7 +656,8 @@ class Compactor:
         from pyspark.sql.pandas.types import from_arrow_type
 
         df = (
-            self._session.read.option("mergeSchema", "true")
+            self._spark()
+            .read.option("mergeSchema", "true")
             .option("basePath", _uri(table_dir))
             .parquet(*paths)
         )
@@ -663,6 +673,11 @@ class Compactor:
                 columns.append(F.lit(None).cast(from_arrow_type(f.type)).alias(f.name))
         extra = [c for c in df.columns if c not in schema.names and c not in (DATE, BATCH_ID)]
         df.select(*columns, *extra).coalesce(1).write.mode("append").parquet(_uri(out_dir))
+
+
+def _write_micros(session: SparkSession) -> SparkSession:
+    session.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
+    return session
 
 
 def _uri(path: Path) -> str:

@@ -5,6 +5,7 @@ thread and session, and holds the tables' compaction lock while it runs."""
 from __future__ import annotations
 
 import logging
+import time
 from datetime import UTC, datetime
 
 import pytest
@@ -12,6 +13,7 @@ import pytest
 from actors.app.status import compaction_line as status_line
 from actors.clock import SimulatedClock
 from actors.config.schema import load_config
+from actors.devtools.simulate import simulate
 from actors.supervisor import Supervisor
 from spark.compaction import COMPACTED_BASE, batch_dirs, lock_holder
 from spark.tables import READS
@@ -92,3 +94,68 @@ def test_the_writer_compacts_the_closed_dates_on_its_schedule_and_leaves_today_o
     finally:
         supervisor.stop()
     assert lock_holder(data / "tables") is None
+
+
+def test_with_pyarrow_landing_a_spark_session_runs_only_through_a_pass_that_rewrites_a_date(
+    mosquitto, spark_session, tmp_path
+):
+    data = tmp_path / "data"
+    reads = data / "tables" / READS
+    land_day(reads, DAYS, batches=4, rows=3)
+    config = load_config(
+        None,
+        environ={
+            "FXGATE__SOURCE__PORT": str(mosquitto.port),
+            "FXGATE__GATEWAY__DATA_DIR": str(data),
+            "FXGATE__COMPACTION__START_DELAY_SECONDS": "60",
+            "FXGATE__COMPACTION__INTERVAL_SECONDS": "600",
+            "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
+        },
+        hostname="gw-test",
+    )
+    clock = SimulatedClock(start_wall=NOW)
+    started: list[float] = []
+    stopped: list[object] = []
+
+    def session_factory():
+        started.append(clock.wall())
+        return spark_session
+
+    supervisor = Supervisor(
+        config, clock, session_factory=session_factory, session_closer=stopped.append
+    )
+    supervisor.start()
+    try:
+        writer = supervisor.ref("spark-writer").proxy()
+        writer.health().get(timeout=120)
+        assert mosquitto.wait_for_output("zebra/fx/+/reads", 15)
+        # Reads land with no session at all.
+        result = simulate(mosquitto.host, mosquitto.port, readers=1, rate=0, count=20, qos=1)
+        assert result.failed == 0
+        assert drive_until_landed(supervisor, clock, 20)
+        assert started == [] and stopped == []
+
+        clock.advance(60)  # the first pass: two dates to rewrite
+        writer.health().get(timeout=180)
+        for day in DAYS:
+            assert sorted(batch_dirs(reads / f"date={day}")) == [COMPACTED_BASE + 1]
+        first = supervisor.status()["compaction"]["last_time"]
+        assert started == [first] and stopped == [spark_session]  # started, then stopped
+
+        clock.advance(600)  # the next pass: nothing to rewrite, so no session
+        writer.health().get(timeout=60)
+        assert supervisor.status()["compaction"]["passes"] == 2
+        assert started == [first] and stopped == [spark_session]
+    finally:
+        supervisor.stop()
+    assert len(stopped) == 1  # nothing more to stop at the end
+
+
+def drive_until_landed(supervisor, clock, count: int, timeout: float = 60.0) -> bool:
+    """Landing waits on the batch timer of the simulated clock: fire it until `count` landed."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if supervisor.wait_for_landed(count, timeout=0.5):
+            return True
+        clock.advance(0.5)
+    return False
