@@ -528,7 +528,7 @@ class SparkWriterActor(pykka.ThreadingActor):
     def _end_pass_session(self) -> None:
         if self._session_per_pass and self._session is not None:
             self._close_session()
-            log.info("compacted: the Spark session is stopped until the next date to compact")
+            log.info("Spark session stopped until the next date to compact")
 
     def _replay(self, batch: ReplayBatch) -> None:
         self._land_in_flight()  # the batches begun before it go first

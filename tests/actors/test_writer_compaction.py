@@ -26,6 +26,21 @@ TODAY = "2026-11-24"
 NOW = datetime(2026, 11, 24, 10, 0, tzinfo=UTC).timestamp()
 
 
+def scheduled_config(mosquitto, data, **extra):
+    """A pass 60 s after the start and every 600 s after that."""
+    return load_config(
+        None,
+        environ={
+            "FXGATE__SOURCE__PORT": str(mosquitto.port),
+            "FXGATE__GATEWAY__DATA_DIR": str(data),
+            "FXGATE__COMPACTION__START_DELAY_SECONDS": "60",
+            "FXGATE__COMPACTION__INTERVAL_SECONDS": "600",
+            **extra,
+        },
+        hostname="gw-test",
+    )
+
+
 def compaction_line(supervisor) -> str:
     """The compaction line of `fxgate status` for the supervisor's status now."""
     return status_line(supervisor.status()["compaction"], supervisor.clock.wall())
@@ -38,16 +53,7 @@ def test_the_writer_compacts_the_closed_dates_on_its_schedule_and_leaves_today_o
     reads = data / "tables" / READS
     land_day(reads, DAYS, batches=10, rows=3)
     land_day(reads, [TODAY], batches=3, rows=3, first=11)
-    config = load_config(
-        None,
-        environ={
-            "FXGATE__SOURCE__PORT": str(mosquitto.port),
-            "FXGATE__GATEWAY__DATA_DIR": str(data),
-            "FXGATE__COMPACTION__START_DELAY_SECONDS": "60",
-            "FXGATE__COMPACTION__INTERVAL_SECONDS": "600",
-        },
-        hostname="gw-test",
-    )
+    config = scheduled_config(mosquitto, data)
     clock = SimulatedClock(start_wall=NOW)
     supervisor = Supervisor(config, clock, session_factory=lambda: spark_session)
     caplog.set_level(logging.INFO, logger="actors.writer")
@@ -102,17 +108,7 @@ def test_with_pyarrow_landing_a_spark_session_runs_only_through_a_pass_that_rewr
     data = tmp_path / "data"
     reads = data / "tables" / READS
     land_day(reads, DAYS, batches=4, rows=3)
-    config = load_config(
-        None,
-        environ={
-            "FXGATE__SOURCE__PORT": str(mosquitto.port),
-            "FXGATE__GATEWAY__DATA_DIR": str(data),
-            "FXGATE__COMPACTION__START_DELAY_SECONDS": "60",
-            "FXGATE__COMPACTION__INTERVAL_SECONDS": "600",
-            "FXGATE__SPARK__BATCH_MAX_SECONDS": "0.5",
-        },
-        hostname="gw-test",
-    )
+    config = scheduled_config(mosquitto, data, FXGATE__SPARK__BATCH_MAX_SECONDS="0.5")
     clock = SimulatedClock(start_wall=NOW)
     started: list[float] = []
     stopped: list[object] = []
