@@ -763,14 +763,17 @@ def test_a_restart_with_reads_in_tier1_and_in_flight_delivers_each_once_in_order
         upstream.start()
         second = daemon_factory(env)
         wait_until_landed(second, data, 600)
-        status = subprocess.run(
-            [sys.executable, "-m", "actors.app.cli", "status"],
-            env={**os.environ, **env},
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=True,
-        ).stdout
+        # The table does not wait for the upstream: once upstream has every read too, the
+        # status file (rewritten every second) comes to say nothing is in flight.
+        cloud.wait_for(600)
+        said: list[str] = []
+
+        def settled() -> bool:
+            said.append(fxgate_status(env))
+            return "forwarding: 0 in flight (window 20)" in said[-1]
+
+        wait_until(settled, timeout=30, interval=0.5)
+        status = said[-1]
         assert "upstream:   connected as fxgate-upstream-" in status
         assert "forwarding: 0 in flight (window 20)" in status
         assert "reads 600 rows" in status
@@ -784,6 +787,18 @@ def test_a_restart_with_reads_in_tier1_and_in_flight_delivers_each_once_in_order
         sent = [r.message_key for r in result.published if reader in r.topic]
         got = [props[IDEMPOTENCY_PROPERTY] for t, _, props in messages if t.endswith(reader)]
         assert got == sent
+
+
+def fxgate_status(env) -> str:
+    """What `fxgate status` prints for the daemon of `env`."""
+    return subprocess.run(
+        [sys.executable, "-m", "actors.app.cli", "status"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
 
 
 FORWARD_STARTED = r"forward process started \(pid (\d+)\)"

@@ -9,6 +9,7 @@ import pytest
 
 from actors.devtools.simulate import expected_read_ids, simulate
 from spark.report import compare, landed_ids_arrow
+from tests.harness.checks import wait_until
 
 pytestmark = pytest.mark.broker
 
@@ -66,14 +67,22 @@ def test_sigterm_flushes_every_read_into_the_table_exits_0_and_leaves_no_process
     daemon = daemon_factory(env)
     daemon.wait_for_log(r"source: subscribed to zebra/fx/\+/reads", timeout=60)
     daemon.wait_for_log(r"spark writer ready", timeout=120)
-    jvms = daemon.remember_children()
-    assert jvms, "the Spark JVM should be a child of the daemon"
+    children = daemon.remember_children()
+    assert children, "the parse worker and its helper should be children of the daemon"
 
     result = simulate(mosquitto.host, mosquitto.port, readers=2, rate=0, count=150, qos=2)
     mark = daemon.mark()
-    status = fxgate("status", "--json", env=env)
-    assert status.returncode == 0, status.stderr
-    report = json.loads(status.stdout)
+    # status.json is rewritten every second: wait for one written since the connection.
+    reports: list[dict] = []
+
+    def connected() -> bool:
+        status = fxgate("status", "--json", env=env)
+        assert status.returncode == 0, status.stderr
+        reports.append(json.loads(status.stdout))
+        return reports[-1]["daemon"].get("source", {}).get("state") == "connected"
+
+    wait_until(connected, timeout=30, interval=0.5)
+    report = reports[-1]
     assert report["daemon"]["running"] is True
     assert report["daemon"]["source"]["state"] == "connected"
 
