@@ -339,6 +339,13 @@ def test_a_scrape_of_the_running_daemon_shows_the_workload_and_health_follows_th
     daemon.wait_for_log(r"source: subscribed to zebra/fx/\+/reads", timeout=60)
     base = f"http://127.0.0.1:{port}"
     assert wait_until(lambda: scrape(base).get("fxgate_connection_up[source]") == 1, 30)
+    # The daemon's own life-cycle events are messages it accepts too: the baseline is taken once
+    # those of its start (created, then connected) are counted.
+    daemon.wait_for_log(r"lifecycle MQTTClientSessionConnected", timeout=60)
+    events = daemon.count_logs(r"actors\.lifecycle: lifecycle MQTTClient")
+    assert wait_until(
+        lambda: scrape(base).get("fxgate_messages_accepted_total", 0) >= events, 30
+    ), scrape(base)
     before = scrape(base)
 
     sent = simulate(mosquitto.host, mosquitto.port, readers=2, rate=0, count=100, qos=1)
