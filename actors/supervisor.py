@@ -154,8 +154,6 @@ class Supervisor(WriterListener):
         self._session_closer = session_closer
         self._actors: list[tuple[str, pykka.ActorRef]] = []
         self._status_proxies: dict[str, tuple[pykka.ActorRef, pykka.ActorProxy]] = {}
-        # The forward leg's child process, with `[upstream] process = "own"`.
-        self._forward: ForwardProcess | None = None
         self.intake: IntakeGate | None = None
         self._batch_lock = threading.Lock()
         self.last_batch: BatchWritten | None = None
@@ -328,7 +326,6 @@ class Supervisor(WriterListener):
                 lifecycle,
             )
             self._actors.append(("forward", forward))
-            self._forward = forward
             buffer = forward.buffer
         else:
             buffer = start_forward_leg(
@@ -458,9 +455,10 @@ class Supervisor(WriterListener):
                     out[name] = ask(self._status_proxy(name, ref))
         except (pykka.Timeout, pykka.ActorDeadError):
             out["stale"] = True
-        if self._forward is not None:
+        forward = self.ref("forward")
+        if forward is not None:
             # The leg's actors as the child reports them when asked (actors.forward_process).
-            out.update(self._forward.status())
+            out.update(forward.status())
         if self.intake is not None:
             out["intake"] = asdict(self.intake.stats())
         with self._batch_lock:
