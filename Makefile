@@ -9,6 +9,22 @@ SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUFF     := $(VENV)/bin/ruff
 PYTEST_ARGS ?=
 
+# Delta Lake's jars for the Spark JVM (DESIGN §7.7), fetched from Maven Central by Maven's own
+# client into the virtualenv, where spark/session.py looks for them (DELTA_VERSION and the file
+# names are repeated there, and must be the delta-spark wheel's release). Only these two:
+# delta-spark's other dependencies are pyspark's own jars, or Delta Kernel and Unity Catalog
+# client jars that no table operation of ours loads (measured: append with txnAppId, read,
+# OPTIMIZE, VACUUM, CONVERT TO DELTA). Nothing is downloaded at run time.
+DELTA_VERSION          := 4.4.0
+DELTA_SPARK_ARTIFACT   := io.delta:delta-spark_4.2_2.13
+DELTA_STORAGE_ARTIFACT := io.delta:delta-storage
+DELTA_JARS_DIR := $(VENV)/share/fxgate/jars
+DELTA_ARTIFACTS := $(DELTA_SPARK_ARTIFACT) $(DELTA_STORAGE_ARTIFACT)
+# group:artifact -> the file name Maven copies it to
+delta_jar = $(DELTA_JARS_DIR)/$(word 2,$(subst :, ,$(1)))-$(DELTA_VERSION).jar
+DELTA_JARS := $(foreach artifact,$(DELTA_ARTIFACTS),$(call delta_jar,$(artifact)))
+MVN := mvn -B -q --strict-checksums
+
 # The full soak (issue 3): at least 20 daemon SIGKILLs, 5 broker restarts, 50 connection flaps
 # per QoS; with a route upstream, also 50 upstream flaps and 10 SIGKILLs of the forward process.
 # Results go to bench/results/soak-*.json. `make test` runs a short schedule.
@@ -17,7 +33,7 @@ SOAK_RESTARTS ?= 5
 SOAK_FLAPS    ?= 50
 SOAK_FORWARD_KILLS ?= 10
 
-.PHONY: demo test lint format bench soak system-deps deps clean
+.PHONY: demo test lint format bench soak system-deps deps delta-jars clean
 
 demo: deps
 	$(VENV)/bin/fxgate demo
@@ -49,20 +65,36 @@ format: deps
 	$(RUFF) format --config .ci/ruff.toml actors persistence spark tests bench
 	$(RUFF) check --fix --config .ci/ruff.toml actors persistence spark tests bench
 
-deps: system-deps $(STAMP) $(CDS_ARCHIVE)
+deps: system-deps $(STAMP) $(DELTA_JARS) $(CDS_ARCHIVE)
+
+delta-jars: $(DELTA_JARS)
+
+# All in one recipe (a grouped target): any missing jar fetches the set again, and jars of another
+# release are removed so that the directory holds exactly what is pinned.
+$(DELTA_JARS) &: | system-deps
+	mkdir -p $(DELTA_JARS_DIR)
+	rm -f $(DELTA_JARS_DIR)/delta-*.jar
+	for artifact in $(DELTA_ARTIFACTS); do \
+		$(MVN) dependency:copy -Dartifact=$$artifact:$(DELTA_VERSION) \
+			-DoutputDirectory=$(DELTA_JARS_DIR) || exit 1; \
+	done
 
 # The Spark JVM's class data archive (spark/cds.py): made once per install, mapped by every
 # JVM start after it (Spark ready in about 3 s instead of 4-6). Without it everything works,
-# only slower to start, so a failure to make it is said and does not stop the install.
-$(CDS_ARCHIVE): $(STAMP)
+# only slower to start, so a failure to make it is said and does not stop the install. Made
+# after the Delta jars, from a session that has them, so that their classes are in it too;
+# new jars make it again.
+$(CDS_ARCHIVE): $(STAMP) $(DELTA_JARS)
 	$(VENV)/bin/python -m spark.cds_archive $(CDS_ARCHIVE) || echo "continuing without the class data archive"
 
-# mosquitto + clients always; a Java 17 runtime only when no `java` is on the PATH.
+# mosquitto + clients always; a Java 17 runtime only when no `java` is on the PATH, and Maven
+# (which fetches the Delta jars) only when no `mvn` is.
 system-deps:
 	@missing=""; \
 	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto"; \
 	command -v mosquitto_pub >/dev/null || missing="$$missing mosquitto-clients"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
+	command -v mvn >/dev/null || missing="$$missing maven"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && \

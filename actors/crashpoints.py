@@ -26,10 +26,13 @@ POINTS = frozenset(
         "after_batch_begin_before_job",
         # Killed while the Spark job writes files (a timer fires shortly after the job starts).
         "mid_spark_job",
-        # pyarrow landing (spark.tables.ArrowTableWriter): a table's files of the batch are
-        # written and synced under their hidden staging name; no partition is swapped in yet.
-        "landing_after_write_before_swap",
-        # The Spark job (or pyarrow landing) succeeded; the ledger does not know yet.
+        # Default landing (spark.tables.ArrowTableWriter): a table's files of the batch are
+        # written and synced; its Delta commit is not made yet.
+        "landing_after_write_before_commit",
+        # One table of a batch has its commit, the next table not yet (a batch spans up to four
+        # tables, each its own commit): the replay must land the rest, and nothing twice.
+        "landing_between_tables",
+        # Every table has the batch (a Spark job or delta-rs commits); the ledger does not know.
         "after_spark_job_before_mark",
         # Upstream QoS 2: the broker's PUBREC arrived, not yet recorded (it has our PUBLISH).
         "after_publish_before_pubrec",
@@ -37,11 +40,16 @@ POINTS = frozenset(
         "after_lifecycle_commit_before_hand_on",
         # Upstream QoS 2: the broker's PUBCOMP arrived, not yet recorded (it has our PUBREL).
         "after_pubrec_before_pubcomp",
-        # Compaction (spark/compaction.py): a date's new files and marker are written under
-        # their hidden staging name; the date is not swapped yet.
-        "compaction_after_write_before_swap",
-        # The date directory is swapped; the old one is still under the staging name.
-        "compaction_after_swap_before_retire",
+        # Maintenance (spark/maintenance.py): killed inside OPTIMIZE or VACUUM (a timer fires as
+        # the operation starts), or between the two.
+        "maintenance_inside_optimize",
+        "maintenance_after_optimize_before_vacuum",
+        "maintenance_inside_vacuum",
+        # Conversion of the layout before Delta (spark/convert.py): a chunk's files written and
+        # not committed; a chunk committed; the old directories half removed.
+        "convert_after_write_before_commit",
+        "convert_after_commit",
+        "convert_during_removal",
     }
 )
 

@@ -188,6 +188,7 @@ class InboundLedger(pykka.ThreadingActor):
         # Which topics the upstream wants (a route matches): None while forwarding is off.
         self._forward_topic = forward_topic
         self._store: LedgerStore | None = None
+        self._gateway_id = ""
         self._group = _Group()
         self._flush_timer: TimerHandle | None = None
         self._flush_pending = False
@@ -232,6 +233,7 @@ class InboundLedger(pykka.ThreadingActor):
             log.error("inbound ledger: %s", unavailable)
             raise unavailable from error
         store = self._store
+        self._gateway_id = store.gateway_id()
         self._awaiting_pubrel = store.awaiting_pubrel()
         # What this run stores comes after this seq (a live-only route forwards nothing older).
         self._stored_before_start = store.last_seq()
@@ -246,8 +248,10 @@ class InboundLedger(pykka.ThreadingActor):
             store.purge_done()
         store.commit()
         log.info(
-            "inbound ledger open at %s (durability %s, %d QoS 2 exchanges awaiting PUBREL)",
+            "inbound ledger open at %s (gateway id %s, durability %s, %d QoS 2 exchanges "
+            "awaiting PUBREL)",
             self._path,
+            self._gateway_id,
             self._durability,
             len(self._awaiting_pubrel),
         )
@@ -289,6 +293,15 @@ class InboundLedger(pykka.ThreadingActor):
         """Where the table's feed goes (the PackActor); credit comes from the Spark writer."""
         self._targets[TABLE] = listener
         self._schedule_read(TABLE)
+
+    def gateway_id(self) -> str:
+        """This ledger's random id (the tables' Delta application id is made from it)."""
+        return self._gateway_id
+
+    def open_batches(self) -> list[int]:
+        """Batches begun and not committed, oldest first (the recovery replays them)."""
+        assert self._store is not None
+        return self._store.open_batches()
 
     def stored_before_start(self) -> int:
         """The last seq stored by an earlier run of the gateway (0: none)."""

@@ -234,19 +234,19 @@ class WriterHealth:
 
 @dataclass(frozen=True)
 class CompactionReport:
-    """How the writer's compaction fares, for status and /metrics (times: wall-clock seconds).
-    `last_outcome`: "compacted" (the pass ran, whatever it found to do), "failed", or "skipped"
-    (not run now: a batch waited to be written, or the ledger did not answer)."""
+    """How the writer's table maintenance fares (OPTIMIZE, VACUUM), for status and /metrics
+    (times: wall-clock seconds). `last_outcome`: "compacted" (the pass ran, whatever it found
+    to do), "failed", or "skipped" (not run now: a batch waited to be written)."""
 
     passes: int = 0
     failed_passes: int = 0
-    dates_compacted: int = 0  # over every pass of this run
+    files_compacted: int = 0  # small files OPTIMIZE replaced, over every pass of this run
+    files_vacuumed: int = 0  # files VACUUM deleted, over every pass of this run
     last_outcome: str | None = None
     last_reason: str | None = None  # scheduled, or requested by fxgate compact
     last_time: float | None = None
     last_seconds: float | None = None
     last_summary: str | None = None  # the pass's own summary, or the error
-    dates_left_open: int = 0  # by the last pass, each with why in the log
     next_pass_time: float | None = None
 
 

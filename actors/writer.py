@@ -1,42 +1,43 @@
-"""SparkWriterActor: the only owner of the SparkSession; lands sealed packs in the tables.
+"""SparkWriterActor: lands sealed packs in the Delta tables; the only owner of the tables' writer,
+and of the SparkSession when there is one.
 
-A Spark job costs about 0.1 s however small it is (DESIGN §4), so packs are coalesced into batches
-of up to `batch_max_rows` messages or `batch_max_seconds` of waiting. Each batch is exactly-once:
-1. its id and packs are recorded in the ledger (`begin_batch`) before the job,
-2. the write replaces exactly the batch's partitions, so a replay never appends: a Spark job in
-   dynamic mode, or with a local master and the tables on this disk (the defaults) pyarrow in this
-   process, which writes the same files without the job's cost (spark.tables.ArrowTableWriter),
+Appends are coalesced into batches of up to `batch_max_rows` messages or `batch_max_seconds` of
+waiting (a commit costs a few milliseconds and a Spark job about 0.1 s, DESIGN §4). Each batch is
+exactly once through the tables' own log (spark/tables.py, DESIGN §7.7):
+1. its id and packs are recorded in the ledger (`begin_batch`) before anything is written,
+2. each table gets one Delta commit carrying (this gateway's application id, batch id); a table
+   whose log has that version already skips it. With a local master and the tables on this disk
+   (the defaults) delta-rs commits files pyarrow wrote, in this process and with no JVM
+   (spark.tables.ArrowTableWriter); otherwise a Spark job through delta-spark (TableWriter),
 3. only then the ledger marks it committed and drops the payloads (`commit_batch`).
-A crash before 1 re-packs the rows; between 1 and 3 the recovery replays the same batch.
+A crash before 1 re-packs the rows; between 1 and 3 the recovery replays the same batch, and the
+tables that have it skip it. Batches are written one after the other, in id order (a failed one
+is retried before any later one), so batch N+1 commits to no table before N is in every table.
 
 The writer is one of the ledger's two sinks (DESIGN §7.1) and takes what the ledger feeds it on
 credit: at most `backlog_high` messages (and `backlog_high_bytes` of payload) handed over and not
-yet written; it grants credit again once no more than `backlog_low` wait. A slow or failing Spark
-leaves the rest waiting in the ledger, on disk: memory stays bounded, and the source is never
-paused for it (only the ledger's disk budget does that).
+yet written; it grants credit again once no more than `backlog_low` wait. A slow or failing
+writer leaves the rest waiting in the ledger, on disk: memory stays bounded, and the source is
+never paused for it (only the ledger's disk budget does that).
 
-A failed job is retried, same id and rows, after a backoff on the clock, for as long as it takes:
-its rows are durable in the ledger and must not be dropped because Spark is unwell. A job still
-running `processing_timeout` after it started is cancelled and retried the same way. While a batch
-waits for its retry, new packs wait behind it, which keeps batches in order.
+A failed write is retried, same id and rows, after a backoff on the clock, for as long as it
+takes: its rows are durable in the ledger and must not be dropped because a table is unwell. A
+job still running `processing_timeout` after it started is cancelled and retried the same way.
+While a batch waits for its retry, new packs wait behind it, which keeps batches in order.
 
-Compaction (spark/compaction.py, DESIGN §7.7) runs here too, on this thread and session (the one
-owner of the SparkSession): a pass over the closed dates `start_delay` after the start and every
-`interval` after that, and one whenever `fxgate compact` leaves a request (the supervisor tells
-`CompactNow`). When pyarrow lands the batches (the default, on a local disk), nothing else needs
-Spark: the session is started only when a pass has a date to rewrite, and stopped when the pass
-ends, so the JVM (about 330 MiB) is not kept for the hour between passes. The writer holds the
-tables directory's compaction lock from its start to its stop, so no `fxgate compact` rewrites a
-date under it. A pass waits while a batch waits for its retry or a replay is queued: a date is
-compacted only once everything landed in it is committed. A replay of a batch whose date was
-compacted anyway (by `fxgate compact --include-open` without the ledger's word) writes only its
-other dates: the compacted files hold the rest already.
+Maintenance (spark/maintenance.py: OPTIMIZE, VACUUM, checkpoints and log clean-up) runs here too,
+between writes on this thread: `start_delay` after the start and every `interval` after that, and
+whenever `fxgate compact` leaves a request (the supervisor tells `CompactNow`). With the default
+landing it needs no JVM either. The writer holds the tables directory's writer lock
+(spark/writer_lock.py) from its start to its stop, so that no `fxgate compact` runs beside it;
+readers take no lock. Tables of the layout before Delta are converted in place at start, before
+the first write (spark/convert.py).
 
 A ledger that cannot write (StorageUnavailable: disk full) is waited out the same way: a batch it
 could not begin goes back in front of the pending packs, and one whose commit it could not record
-is written again (the same partitions, overwritten) and committed at the retry. Each failure is a
-log line and a `WriterHealth` reported to the listener (status, /healthz); the first success after
-failures is one line more.
+is written again at the retry (every table skips it: its log has the version) and committed.
+Each failure is a log line and a `WriterHealth` reported to the listener (status, /healthz); the
+first success after failures is one line more.
 """
 
 from __future__ import annotations
@@ -76,9 +77,9 @@ from spark.parse_worker import BuildOptions, ParseWorker
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from spark.compaction import CompactionLock
     from spark.parse_worker import PreparedBatch
     from spark.tables import TableWriter
+    from spark.writer_lock import WriterLock
 
 # pyarrow, pyspark and the modules built on them (spark.schema, spark.tables) are imported in the
 # writer's own thread, in on_start: importing them takes about a second, and the ledger and the
@@ -144,10 +145,11 @@ class CompactionSchedule:
     """The [compaction] settings the writer acts on (actors/config/schema.py says each)."""
 
     enabled: bool = True
-    start_delay: float = 600.0
-    interval: float = 3600.0
-    grace: float = 3600.0
+    start_delay: float = 60.0
+    interval: float = 300.0
     target_file_bytes: int = 128 * 1024 * 1024
+    open_file_bytes: int = 16 * 1024 * 1024
+    vacuum_retention_hours: int = 24
     data_dir: Path | None = None  # where `fxgate compact` leaves its requests
 
 
@@ -166,7 +168,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         processing_timeout: float = 20.0,
         listener: WriterListener | None = None,
         idempotency_key: str = "payload_hash",
-        table_writer: Callable[[object, Path | str], TableWriter] | None = None,
+        table_writer: Callable[..., TableWriter] | None = None,
         retry_backoff: Backoff | None = None,
         backlog_high: int = 100_000,
         backlog_low: int = 50_000,
@@ -181,6 +183,8 @@ class SparkWriterActor(pykka.ThreadingActor):
         parse_worker: bool = False,
         land_with_arrow: bool = True,
         parse_helpers: int = 0,
+        app_id: str | None = None,
+        table_properties: dict[str, str] | None = None,
     ) -> None:
         super().__init__()
         # True: batches are parsed in a child process (spark.parse_worker), off this process's
@@ -192,8 +196,12 @@ class SparkWriterActor(pykka.ThreadingActor):
         # (spark.tables.ArrowTableWriter) when the tables are on this disk, else (and False)
         # through Spark jobs (spark.tables.TableWriter).
         self._land_with_arrow = land_with_arrow
-        # True once on_start chose pyarrow: no Spark session except for a compaction pass.
+        # True once on_start chose pyarrow: no Spark session at all.
         self._session_per_pass = False
+        # The Delta application id of this gateway's batches (None: asked of the ledger, which
+        # keeps the gateway id it is made from), and the properties of the tables it creates.
+        self._app_id = app_id
+        self._table_properties = table_properties
         self._parse_worker: ParseWorker | None = None
         self._worker_deaths = 0
         # Batches in the worker's hands, oldest first (PIPELINE_DEPTH), and whether a flush
@@ -202,7 +210,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._flush_wanted = False
         # None: no lock and no compaction (a writer in a test of its own).
         self._compaction = compaction
-        self._compaction_lock: CompactionLock | None = None
+        self._writer_lock: WriterLock | None = None
         self._compaction_timer: TimerHandle | None = None
         self._local_tables: Path | None = None
         # Each reader's health (spark.reader_health), kept like the counters below: a batch
@@ -270,53 +278,68 @@ class SparkWriterActor(pykka.ThreadingActor):
         if self._use_parse_worker:
             # Before the Spark session: the child imports pyarrow while the JVM starts.
             self._start_parse_worker()
-        from spark.tables import ArrowTableWriter, TableWriter, clean_staging
+        from spark.tables import ArrowTableWriter, TableWriter, application_id
 
-        # A remote location (hdfs://, s3a://) keeps its leftovers: readers ignore them anyway.
         local_tables = self._local_tables = local_path(self._tables_dir)
+        if self._app_id is None:
+            self._app_id = application_id(self._ledger.gateway_id().get(timeout=LEDGER_ASK_TIMEOUT))
         if self._table_writer is None:
             arrow = self._land_with_arrow and local_tables is not None
             self._session_per_pass = arrow
-            self._table_writer = (
-                functools.partial(ArrowTableWriter, checkpoint=crash_point)
-                if arrow
-                else TableWriter
+            self._table_writer = functools.partial(
+                ArrowTableWriter if arrow else TableWriter, checkpoint=crash_point
             )
             log.info(
-                "batches are written %s",
-                "by pyarrow in this process" if arrow else "by Spark jobs",
+                "batches are committed %s",
+                "by delta-rs in this process" if arrow else "by Spark jobs (delta-spark)",
             )
         if local_tables is not None and self._compaction is not None:
-            # Before clean_staging: a `fxgate compact` still running has its Spark job's
-            # `_temporary` files under the tables directory; the writer waits for it to end.
-            self._take_compaction_lock(local_tables)
-        if local_tables is not None:
-            removed = clean_staging(local_tables)
-            if removed:
-                log.info("removed %d leftover(s) of interrupted Spark jobs", len(removed))
+            self._take_writer_lock(local_tables)
+            self._convert_legacy_tables(local_tables)
         if self._session_per_pass:
-            self._tables = self._table_writer(None, self._tables_dir)
+            self._tables = self._new_table_writer(None)
             log.info(
-                "spark writer ready: tables in %s (batches by pyarrow; a Spark session starts "
-                "only to compact a date)",
+                "spark writer ready: Delta tables in %s, application id %s (no Spark session)",
                 self._tables_dir,
+                self._app_id,
             )
         else:
             self._session = self._session_factory()
-            self._tables = self._table_writer(self._session, self._tables_dir)
-            log.info("spark writer ready: tables in %s", self._tables_dir)
-        if self._compaction_lock is not None and self._compaction.enabled:
+            self._tables = self._new_table_writer(self._session)
+            log.info(
+                "spark writer ready: Delta tables in %s, application id %s",
+                self._tables_dir,
+                self._app_id,
+            )
+        if self._writer_lock is not None and self._compaction.enabled:
             self._schedule_compaction(self._compaction.start_delay)
 
-    def _take_compaction_lock(self, tables: Path) -> None:
-        from spark.compaction import CompactionBusy, CompactionLock
+    def _new_table_writer(self, session) -> TableWriter:
+        return self._table_writer(
+            session, self._tables_dir, app_id=self._app_id, properties=self._table_properties
+        )
 
-        lock = CompactionLock(tables, "daemon")
+    def _convert_legacy_tables(self, tables: Path) -> None:
+        """Tables of the layout before Delta become Delta tables in place, before any write;
+        the batches the ledger began and did not commit are left to its replay."""
+        from spark.convert import convert_tables
+
+        open_batches = self._ledger.open_batches().get(timeout=LEDGER_ASK_TIMEOUT)
+        result = convert_tables(
+            tables, open_batches, checkpoint=crash_point, properties=self._table_properties
+        )
+        if result.done:
+            log.info("tables converted to Delta: %s", result.summary())
+
+    def _take_writer_lock(self, tables: Path) -> None:
+        from spark.writer_lock import WriterBusy, WriterLock
+
+        lock = WriterLock(tables, "daemon")
         try:
-            self._compaction_lock = lock.acquire()
-        except CompactionBusy as busy:
+            self._writer_lock = lock.acquire()
+        except WriterBusy as busy:
             log.warning("%s: waiting for it to finish before writing", busy)
-            self._compaction_lock = lock.acquire(wait=True)
+            self._writer_lock = lock.acquire(wait=True)
 
     def on_stop(self) -> None:
         if self._failed is None:
@@ -333,12 +356,12 @@ class SparkWriterActor(pykka.ThreadingActor):
                 ", ".join(map(str, unwritten)),
             )
         self._close_session()
-        self._release_compaction()
+        self._release_writer_lock()
         self._stop_parse_worker()
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         self._close_session()
-        self._release_compaction()
+        self._release_writer_lock()
         self._stop_parse_worker()
 
     def _worker_died(self, error: Exception, batch_id: int) -> None:
@@ -372,15 +395,17 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._parse_worker.stop()
             self._parse_worker = None
 
-    def _release_compaction(self) -> None:
+    def _release_writer_lock(self) -> None:
         if self._compaction_timer is not None:
             self._compaction_timer.cancel()
             self._compaction_timer = None
-        if self._compaction_lock is not None:
-            self._compaction_lock.release()
-            self._compaction_lock = None
+        if self._writer_lock is not None:
+            self._writer_lock.release()
+            self._writer_lock = None
 
     def _close_session(self) -> None:
+        if self._tables is not None and hasattr(self._tables, "close"):
+            self._tables.close()
         if self._session is not None and self._session_closer is not None:
             self._session_closer(self._session)
         self._session = None
@@ -459,42 +484,25 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
 
     def compact(self, reason: str = "asked"):
-        """One pass over the closed dates; its result, or None when it could not run now."""
-        from spark.compaction import Compactor, closed_before
-
+        """One maintenance pass (spark/maintenance.py); its result, or None when it could not
+        run now."""
         self._land_in_flight()  # a pass runs between batches, never beside one
-        if self._compaction_lock is None or self._local_tables is None:
-            log.warning("compaction pass (%s) skipped: the tables are not ours to compact", reason)
+        if self._writer_lock is None and self._session is None:
+            log.warning(
+                "maintenance pass (%s) skipped: the tables are not ours to maintain", reason
+            )
             return None
         if self._retry_timer is not None or self._failed is not None or self._replays:
-            log.info("compaction pass (%s) deferred: a batch waits to be written first", reason)
+            log.info("maintenance pass (%s) deferred: a batch waits to be written first", reason)
             self._pass_put_off(reason, "a batch waits to be written first")
             return None
-        try:
-            lag = self._ledger.stats().get(timeout=LEDGER_ASK_TIMEOUT)["lag"]["table"]
-        except (KeyError, StorageUnavailable, pykka.Timeout) as error:
-            log.warning(
-                "compaction pass (%s) skipped: the ledger did not answer (%r)", reason, error
-            )
-            self._pass_put_off(reason, f"the ledger did not answer ({error!r})")
-            return None
-        boundary = closed_before(self._clock.wall(), lag["oldest_received_time"])
-        compactor = Compactor(
-            self._session_for_compaction if self._session_per_pass else self._session,
-            self._local_tables,
-            wall=self._clock.wall,
-            grace_seconds=self._compaction.grace,
-            target_file_bytes=self._compaction.target_file_bytes,
-            checkpoint=crash_point,
-        )
         report = self._compaction_report
         started = self._clock.wall()
         try:
-            result = compactor.run(boundary)
-        except Exception as error:  # Spark or the file system; the tables stay as they were
-            self._end_pass_session()
+            result = self._maintainer().run(started)
+        except Exception as error:  # delta-rs, Spark or the file system: the tables stay whole
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            log.error("compaction pass (%s) failed: %s; the next pass tries again", reason, first)
+            log.error("maintenance pass (%s) failed: %s; the next pass tries again", reason, first)
             self._report_compaction(
                 failed_passes=report.failed_passes + 1,
                 last_outcome="failed",
@@ -504,31 +512,37 @@ class SparkWriterActor(pykka.ThreadingActor):
                 last_summary=first,
             )
             return None
-        self._end_pass_session()
-        log.info("compaction pass (%s, dates before %s): %s", reason, boundary, result.summary())
+        log.info("maintenance pass (%s): %s", reason, result.summary())
         self._report_compaction(
             passes=report.passes + 1,
-            dates_compacted=report.dates_compacted + len(result.compacted),
+            files_compacted=report.files_compacted + result.files_compacted,
+            files_vacuumed=report.files_vacuumed + result.files_vacuumed,
             last_outcome="compacted",
             last_reason=reason,
             last_time=started,
             last_seconds=round(result.seconds, 3),
             last_summary=result.summary(),
-            dates_left_open=len(result.skipped),
         )
         return result
 
-    def _session_for_compaction(self):
-        """The pass's Spark session, started when its first date is rewritten."""
-        if self._session is None:
-            log.info("starting a Spark session to compact")
-            self._session = self._session_factory()
-        return self._session
+    def _maintainer(self):
+        from spark.maintenance import DeltaMaintainer, SparkMaintainer
 
-    def _end_pass_session(self) -> None:
-        if self._session_per_pass and self._session is not None:
-            self._close_session()
-            log.info("Spark session stopped until the next date to compact")
+        schedule = self._compaction or CompactionSchedule()
+        if self._local_tables is not None and self._session_per_pass:
+            return DeltaMaintainer(
+                self._local_tables,
+                target_file_bytes=schedule.target_file_bytes,
+                open_file_bytes=schedule.open_file_bytes,
+                vacuum_retention_hours=schedule.vacuum_retention_hours,
+                checkpoint=crash_point,
+                soon=functools.partial(crash_soon, delay=0.0),
+            )
+        return SparkMaintainer(
+            self._session,
+            self._tables_dir,
+            vacuum_retention_hours=schedule.vacuum_retention_hours,
+        )
 
     def _replay(self, batch: ReplayBatch) -> None:
         self._land_in_flight()  # the batches begun before it go first
@@ -668,14 +682,12 @@ class SparkWriterActor(pykka.ThreadingActor):
             READER_EVENTS: tables.reader_events,
         }
         holds = {name: table.num_rows for name, table in to_write.items()}
-        if not batch.credited and self._local_tables is not None:
-            to_write = self._without_absorbed(batch_id, to_write)
         watchdog = self._clock.call_later(
             self._processing_timeout, lambda: self._cancel_stuck(batch_id)
         )
         mid_job = crash_soon("mid_spark_job")
         try:
-            # The ledger counts what the batch holds, compacted already or written now.
+            # The ledger counts what the batch holds, committed now or by an earlier attempt.
             written = {**self._tables.write_batch(batch_id, to_write), **holds}
         except Exception as error:  # Spark and py4j raise many kinds; every one is retried
             self._schedule_retry(batch, error)
@@ -696,7 +708,8 @@ class SparkWriterActor(pykka.ThreadingActor):
                 timeout=LEDGER_ASK_TIMEOUT
             )
         except (StorageUnavailable, pykka.Timeout) as error:
-            # The files are written but not recorded: the retry overwrites the same partitions.
+            # The batch is in the tables but not recorded: the retry finds it there, skips
+            # every table, and records it.
             self._schedule_retry(batch, error)
             return
         if batch.credited:
@@ -776,7 +789,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             log.error("Spark session lost (%s): starting a new one", type(error).__name__)
         self._close_session()
         self._session = self._session_factory()
-        self._tables = self._table_writer(self._session, self._tables_dir)
+        self._tables = self._new_table_writer(self._session)
 
     def _cancel_stuck(self, batch_id: int) -> None:
         """Clock thread: the job outlived the processing timeout."""
@@ -830,21 +843,6 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     def health(self) -> WriterHealth:
         return self._health
-
-    def _without_absorbed(self, batch_id: int, tables: dict) -> dict:
-        """A replay (after a crash) drops the dates a compaction took its batch into already:
-        the compacted files hold those rows (spark/compaction.py, `without_absorbed`)."""
-        from spark.compaction import without_absorbed
-
-        kept, absorbed = without_absorbed(self._local_tables, batch_id, tables)
-        for name, dates in sorted(absorbed.items()):
-            log.warning(
-                "batch %d: %s %s compacted with it already; those rows are not written again",
-                batch_id,
-                name,
-                ", ".join(sorted(dates)),
-            )
-        return kept
 
     def _owned_reads(self, batch_id: int, reads: pa.Table) -> pa.Table:
         """Keep the reads whose id this batch owns, each once (first occurrence)."""

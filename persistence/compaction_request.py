@@ -1,11 +1,12 @@
-"""Compaction requests: `fxgate compact` while the daemon runs.
+"""Maintenance requests: `fxgate compact` while the daemon runs.
 
-One process compacts a tables directory at a time, and while the daemon runs it is the daemon
-(DESIGN §7.7): its Spark writer owns the session and the tables. So the command, finding the
-daemon holding the compaction lock, leaves a request file in `<data_dir>/compact/` (written to a
-hidden name, then renamed), as `fxgate dead-letters replay` does; the supervisor sees it within a
-second and tells the writer, which runs a pass and then deletes the requests it ran for. A crash
-before the deletion runs the pass again at the next start: a pass is idempotent.
+One process writes a tables directory at a time, and while the daemon runs it is the daemon
+(DESIGN §7.7): its Spark writer maintains the tables between its writes. So the command, finding
+the daemon holding the writer lock (spark/writer_lock.py), leaves a request file in
+`<data_dir>/compact/` (written to a hidden name, then renamed), as `fxgate dead-letters replay`
+does; the supervisor sees it within a second and tells the writer, which runs a pass and then
+deletes the requests it ran for. A crash before the deletion runs the pass again at the next
+start: a pass is idempotent.
 """
 
 from __future__ import annotations

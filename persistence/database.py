@@ -142,6 +142,17 @@ counters = Table(
     Column("value", Integer, nullable=False),
 )
 
+# Facts about this ledger that never change once made: `gateway_id`, a random id made with the
+# ledger, from which the tables' Delta application id comes (spark.tables.application_id). Added
+# without a new schema version, as reader_health was: create_all adds it to an older file, whose
+# first start after the upgrade makes the id.
+identity = Table(
+    "identity",
+    metadata,
+    Column("name", String, primary_key=True),
+    Column("value", String, nullable=False),
+)
+
 SYNCHRONOUS = {"process": "NORMAL", "power": "FULL"}
 WAL_SIZE_LIMIT = 16 * 1024 * 1024
 

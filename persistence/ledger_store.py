@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -222,6 +223,15 @@ class LedgerStore:
     def last_seq(self) -> int:
         (seq,) = self._run("SELECT max(seq) FROM inbound").fetchone()
         return seq or 0
+
+    def gateway_id(self) -> str:
+        """This ledger's random id, made (and committed by the caller) on the first ask."""
+        row = self._run("SELECT value FROM identity WHERE name = 'gateway_id'").fetchone()
+        if row:
+            return row[0]
+        made = uuid.uuid4().hex
+        self._run("INSERT INTO identity (name, value) VALUES ('gateway_id', ?)", (made,))
+        return made
 
     def counter(self, name: str) -> int:
         row = self._run("SELECT value FROM counters WHERE name = ?", (name,)).fetchone()

@@ -45,7 +45,6 @@ shows of a real FX9600 (README, "Reader health").
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import stat
@@ -55,13 +54,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from pyspark import StorageLevel
-from pyspark.errors import AnalysisException
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark.gaps import epoch_offsets, range_size
 from spark.location import Location, local_path, spark_uri
-from spark.readlock import reading
 from spark.tables import READER_EVENTS, READS, table_path
 
 log = logging.getLogger(__name__)
@@ -273,16 +270,11 @@ def read_reads(session: SparkSession, tables_dir: Location) -> DataFrame | None:
     the audit needs."""
     check_tables_dir(tables_dir)
     path = table_path(spark_uri(tables_dir), READS)
-    try:
-        # Schema changes are additive (DESIGN §7.7): seq is null in older files, not absent.
-        df = session.read.option("mergeSchema", "true").parquet(path)
-    except AnalysisException as error:
-        condition = error.getCondition()
-        if condition == "UNABLE_TO_INFER_SCHEMA":  # the directory is there, no data file yet
-            return None
-        if condition == "PATH_NOT_FOUND":
-            raise AuditError(f"no reads table at {path}") from None
-        raise
+    df = _read_delta(session, path)
+    if df is None:
+        raise AuditError(f"no reads table at {path} (no Delta log there)")
+    if not df.columns:  # the table exists, created before its first rows
+        return None
     lacking = sorted(set(REQUIRED) - set(df.columns))
     if lacking:
         raise AuditError(f"{path} is not a reads table: no column {', '.join(lacking)}")
@@ -296,12 +288,9 @@ def read_numbered_reader_events(session: SparkSession, tables_dir: Location) -> 
     """The management events of `tables_dir` that carry an eventNum, with the audit's columns
     (the tag columns null), or None when there is no `reader_events` table (yet)."""
     path = table_path(spark_uri(tables_dir), READER_EVENTS)
-    try:
-        df = session.read.option("mergeSchema", "true").parquet(path)
-    except AnalysisException as error:
-        if error.getCondition() in ("UNABLE_TO_INFER_SCHEMA", "PATH_NOT_FOUND"):
-            return None
-        raise
+    df = _read_delta(session, path)
+    if df is None or "event_num" not in df.columns:
+        return None
     columns = {name: F.col(name).cast(kind) for name, kind in REQUIRED.items()}
     for name, kind in OPTIONAL.items():
         columns[name] = (F.col(name) if name in df.columns else F.lit(None)).cast(kind)
@@ -310,30 +299,37 @@ def read_numbered_reader_events(session: SparkSession, tables_dir: Location) -> 
     )
 
 
+def _read_delta(session: SparkSession, path: str) -> DataFrame | None:
+    """The Delta table at `path` as one snapshot, or None when there is none (no log). Schema
+    changes are additive (DESIGN §7.7): a column added later is in the table's schema, null in
+    older rows."""
+    jvm = session.sparkContext._jvm
+    if not jvm.io.delta.tables.DeltaTable.isDeltaTable(session._jsparkSession, path):
+        return None
+    return session.read.format("delta").load(path)
+
+
 def audit_tables(session: SparkSession, tables_dirs: Sequence[Location]) -> AuditReport:
     """Audit the union of the reads tables of `tables_dirs` (one gateway's, or every gateway's
     of one shared group), with their numbered management events. Raises AuditError when a
     directory holds no reads table."""
     if not tables_dirs:
         raise ValueError("no tables directory to audit")
-    with contextlib.ExitStack() as held:
-        for tables_dir in tables_dirs:  # no compaction swap half way through a listing
-            held.enter_context(reading(tables_dir))
-        frames = []
-        for index, tables_dir in enumerate(tables_dirs):
-            df = read_reads(session, tables_dir)
-            if df is not None:
-                frames.append(df.withColumn(_DIR, F.lit(index)))
-            events = read_numbered_reader_events(session, tables_dir)
-            if events is not None:
-                frames.append(events.withColumn(_DIR, F.lit(index)))
-        names = tuple(str(tables_dir) for tables_dir in tables_dirs)
-        if not frames:
-            return AuditReport(names)
-        union = frames[0]
-        for df in frames[1:]:
-            union = union.unionByName(df)
-        return audit_frame(union, names, several=len(tables_dirs) > 1)
+    frames = []
+    for index, tables_dir in enumerate(tables_dirs):
+        df = read_reads(session, tables_dir)
+        if df is not None:
+            frames.append(df.withColumn(_DIR, F.lit(index)))
+        events = read_numbered_reader_events(session, tables_dir)
+        if events is not None:
+            frames.append(events.withColumn(_DIR, F.lit(index)))
+    names = tuple(str(tables_dir) for tables_dir in tables_dirs)
+    if not frames:
+        return AuditReport(names)
+    union = frames[0]
+    for df in frames[1:]:
+        union = union.unionByName(df)
+    return audit_frame(union, names, several=len(tables_dirs) > 1)
 
 
 def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) -> AuditReport:

@@ -16,7 +16,14 @@ from pathlib import Path
 from spark.cds import DEFAULT_ARCHIVE, LOG_FILE, dump_options
 from spark.schema import build_batch
 from spark.session import build_session, stop_session
-from spark.tables import DEAD_LETTERS, READER_EVENTS, READS, TableWriter, read_table
+from spark.tables import (
+    DEAD_LETTERS,
+    READER_EVENTS,
+    READS,
+    TableWriter,
+    application_id,
+    read_table,
+)
 
 # Dumping 15,000 classes took 18 s on this 2-vCPU machine while it was busy: well past the
 # 10 s stop_session gives a JVM to exit.
@@ -82,12 +89,10 @@ def make_archive(archive: Path, work_dir: Path | None = None) -> float:
             scratch_dir / "spark",
             class_data_archive=None,
             java_options=dump_options(partial, log_file),
-            # reads has more columns than Spark's default 25 in a plan's text (a WARN line).
-            conf={"spark.sql.debug.maxToStringFields": 100},
         )
         try:
             # What the daemon's Spark does in its first minutes: a batch into every table the
-            # writer lands, read back with mergeSchema, an aggregate as `fxgate sql` runs them.
+            # writer lands (Delta appends), read back, an aggregate as `fxgate sql` runs them.
             tables_dir = scratch_dir / "tables"
             batch = build_batch(_warm_up_records(), batch_id=1)
             landed = {
@@ -95,7 +100,7 @@ def make_archive(archive: Path, work_dir: Path | None = None) -> float:
                 DEAD_LETTERS: batch.dead_letters,
                 READER_EVENTS: batch.reader_events,
             }
-            TableWriter(session, tables_dir).write_batch(1, landed)
+            TableWriter(session, tables_dir, application_id("cds-warm-up")).write_batch(1, landed)
             df = read_table(session, tables_dir, READS)
             df.groupBy("reader_id").count().collect()
             df.toArrow()

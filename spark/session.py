@@ -13,6 +13,12 @@ the operator names the address the executors should use (`spark.driver.host`, an
 `spark.driver.port` / `spark.blockManager.port` through a firewall) in `[spark.conf]`. The
 address the driver advertised is logged at start.
 
+Tables are Delta Lake tables (DESIGN §7.7): the session loads Delta's jars from a directory on
+this machine (`delta_jars`; `make` fetches them into the virtualenv) through `spark.jars`, which
+also ships them to a cluster's executors, and registers Delta's SQL extension and catalog. A
+missing jar stops the start before any JVM is launched (`DeltaJarsMissing`); nothing is ever
+downloaded at run time.
+
 `stop_session` stops the SparkContext *and* the JVM: `SparkSession.stop()` alone leaves the py4j
 gateway JVM running for the life of the Python process, and a daemon that restarts its Spark
 writer would otherwise pile up JVMs.
@@ -23,6 +29,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
@@ -40,6 +47,18 @@ logger = logging.getLogger(__name__)
 
 # Seconds to wait for the JVM to exit once its stdin is closed before killing it.
 _JVM_EXIT_TIMEOUT = 10.0
+
+# The Delta Lake release whose jars `make` fetches (the Makefile's DELTA_VERSION and
+# DELTA_*_ARTIFACT say the same); the delta-spark wheel must be the same release, since its
+# Python API calls into these classes. delta-spark is built per Spark minor version.
+DELTA_VERSION = "4.4.0"
+DELTA_JAR_NAMES = (
+    f"delta-spark_4.2_2.13-{DELTA_VERSION}.jar",
+    f"delta-storage-{DELTA_VERSION}.jar",
+)
+# Where `make` puts them: in the virtualenv, as the class data archive (spark/cds.py).
+DEFAULT_JARS_DIR = Path(sys.prefix) / "share" / "fxgate" / "jars"
+JARS_DIR_VARIABLE = "FXGATE_DELTA_JARS"
 
 # Root at WARN; loggers that print warnings nobody can act on go to ERROR.
 _LOG4J2_PROPERTIES = """\
@@ -70,6 +89,14 @@ logger.tasksetmanager.filter.tasksize.type = RegexFilter
 logger.tasksetmanager.filter.tasksize.regex = .*contains a task of very large size.*
 logger.tasksetmanager.filter.tasksize.onMatch = DENY
 logger.tasksetmanager.filter.tasksize.onMismatch = NEUTRAL
+# Delta's log replay plans have more columns than spark.sql.debug.maxToStringFields, and the first
+# Delta read or write of every JVM says it truncated their text; nothing to act on.
+logger.stringutils.name = org.apache.spark.util.SparkStringUtils
+logger.stringutils.level = warn
+logger.stringutils.filter.truncated.type = RegexFilter
+logger.stringutils.filter.truncated.regex = .*Truncated the string representation of a plan.*
+logger.stringutils.filter.truncated.onMatch = DENY
+logger.stringutils.filter.truncated.onMismatch = NEUTRAL
 logger.sparkutils.name = org.apache.spark.util.Utils
 logger.sparkutils.level = error
 logger.sparkenv.name = org.apache.spark.SparkEnv
@@ -115,6 +142,32 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
+class DeltaJarsMissing(RuntimeError):
+    """Delta Lake's jars are not where the session looks for them."""
+
+    def __init__(self, missing: Sequence[str], directory: Path) -> None:
+        self.missing = tuple(missing)
+        self.directory = directory
+        super().__init__(
+            f"Delta Lake jar(s) missing from {directory}: {', '.join(self.missing)}; run "
+            f"`make deps` (or `make`) to fetch them there, or set {JARS_DIR_VARIABLE} to a "
+            "directory that holds them"
+        )
+
+
+def delta_jars(jars_dir: str | Path | None = None) -> list[Path]:
+    """The Delta Lake jars a session loads, as absolute paths, found in `jars_dir`; None means
+    the directory ${FXGATE_DELTA_JARS} names, else `DEFAULT_JARS_DIR` (where `make` puts them).
+    Raises DeltaJarsMissing when any of them is not there."""
+    if jars_dir is None or str(jars_dir) == "":
+        jars_dir = os.environ.get(JARS_DIR_VARIABLE) or DEFAULT_JARS_DIR
+    directory = Path(jars_dir).absolute()
+    missing = [name for name in DELTA_JAR_NAMES if not (directory / name).is_file()]
+    if missing:
+        raise DeltaJarsMissing(missing, directory)
+    return [directory / name for name in DELTA_JAR_NAMES]
+
+
 def _java_option(name: str, value: Path) -> str:
     # Spark's launcher splits extraJavaOptions like a shell and strips double quotes.
     return f'-D{name}="{value}"'
@@ -128,17 +181,21 @@ def build_session(
     conf: Mapping[str, object] = MappingProxyType({}),
     class_data_archive: str | Path | None = cds.AUTO,
     java_options: Sequence[str] = (),
+    jars_dir: str | Path | None = None,
 ) -> SparkSession:
-    """Start a SparkSession whose scratch files and logs stay under `work_dir`.
+    """Start a SparkSession with Delta Lake whose scratch files and logs stay under `work_dir`.
 
     `class_data_archive`: the JVM maps that class data archive (spark/cds.py; "auto": the one
     `make` wrote, if any; None or "": none). `java_options` are added to the driver JVM's.
+    `jars_dir`: where Delta's jars are (`delta_jars`; None: ${FXGATE_DELTA_JARS}, else the
+    install's); raises DeltaJarsMissing, before any JVM starts, when one is not there.
     Entries of `conf` are applied last, so they override every default set here (overriding
     `spark.driver.extraJavaOptions` drops the quiet log4j config, the private tmpdir and the
-    class data archive).
+    class data archive; overriding `spark.jars` or `spark.sql.extensions` drops Delta).
     Only one session per process: a second call returns the running session with
     `conf` applied only where Spark allows changing it at run time.
     """
+    jars = delta_jars(jars_dir)
     local = is_local_master(master)
     loopback = master_on_loopback(master)
     if local or loopback:
@@ -186,6 +243,13 @@ def build_session(
         # Spark's default INT96 timestamps come back from pyarrow as naive nanoseconds; the
         # non-Spark readers must see the same timestamp[us, UTC] that was written.
         "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        # Local files: the driver loads them, and serves them to a cluster's executors. Not
+        # spark.driver.extraClassPath: that changes the JVM's class path, and the JVM refused
+        # the class data archive ("shared class paths mismatch"); through spark.jars the
+        # archive maps and holds the Delta classes its making loaded.
+        "spark.jars": ",".join(str(jar) for jar in jars),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     }
     if loopback:
         # Executors on a loopback cluster connect back to the driver; left to itself the driver
@@ -218,17 +282,24 @@ def build_session(
                 cds_log,
             )
     if local:
-        logger.info("Spark session started: master %s in %.1f s%s", master, seconds, sharing)
+        logger.info(
+            "Spark session started: master %s in %.1f s, Delta Lake %s%s",
+            master,
+            seconds,
+            DELTA_VERSION,
+            sharing,
+        )
     else:
         spark_conf = session.sparkContext.getConf()
         logger.info(
             "Spark session started: master %s, application %s, driver reachable by the "
-            "executors at %s:%s, in %.1f s%s",
+            "executors at %s:%s, in %.1f s, Delta Lake %s%s",
             master,
             session.sparkContext.applicationId,
             spark_conf.get("spark.driver.host"),
             spark_conf.get("spark.driver.port"),
             seconds,
+            DELTA_VERSION,
             sharing,
         )
     return session

@@ -1,59 +1,44 @@
-"""Idempotent batch writes of the Parquet tables, and the two ways to read them back.
+"""The tables are Delta Lake tables: exactly-once batch appends through the table's own log.
 
-Two writers keep one contract (`write_batch`): `TableWriter` runs a Spark job per table, and
-`ArrowTableWriter` writes the same files with pyarrow in this process and renames them into
-place. The daemon uses the second with a local master and the tables on this disk (`[spark]
-landing = "auto"`), the first otherwise; tests/spark/test_tables.py runs the contract against
-both and reads one's files with the other's types.
+Every table (`reads`, `events`, `dead_letters`, `reader_events`) is a Delta table at
+``{tables_dir}/{table}``, partitioned by receive `date` only, where `tables_dir` is a local path
+or any Hadoop URI the cluster reaches (spark/location.py). Each row keeps its landing batch in the
+ordinary column `batch_id` (and its pack in `pack_id`).
 
-Layout: ``{tables_dir}/{table}/date=YYYY-MM-DD/batch_id=N/part-*.parquet``, where `tables_dir` is a
-local path or any Hadoop URI the cluster reaches (spark/location.py); Spark is always handed a
-URI, and the pyarrow reader opens what it can (local paths, `file:` URIs). Every write is an
-overwrite in *dynamic* partition mode, so writing batch N again replaces exactly the
-``batch_id=N`` partitions it contains and leaves every other batch alone. That is what makes the
-Spark leg exactly-once: the caller may replay a batch any number of times (after a crash, a
-restart, a failed job) and the table still holds each row once. The mode is passed as an option
-on every write, not only in the session conf, because a static overwrite of a partitioned path
-deletes the whole table (DESIGN §4); a session whose conf someone changed must not do that.
+Exactly once (DESIGN §7.7): each append carries a Delta transaction identifier, (application id,
+version) with the application id stable for one gateway's ledger and the version the ledger's
+batch id. Before a table is written, its last version for the application id is read from the
+log; a batch at or below it is already in and is skipped. Batches commit in increasing order and
+batch N+1 commits to no table before batch N is in every table it touches (the writer actor
+keeps that order), so "last version >= N" means "N is in". A batch that spans four tables is
+four commits; a crash between two of them is healed when the ledger replays the batch: the
+tables that have it skip it, the others take it. Readers see snapshots of the log: they never
+see half a commit, a file of a failed write, nor a compaction twice (spark/maintenance.py).
 
-What a killed write leaves behind (observed with pyspark 4.3, local[2], a 100k-row write
-killed while its tasks were writing): tasks write under
-``{table}/.spark-staging-<job uuid>/_temporary/0/_temporary/attempt_*/date=../batch_id=../
-part-*.parquet``; only the job commit moves finished partition directories into place, one
-rename per partition. SIGKILL of the Python process alone left nothing: the JVM sees EOF on
-its stdin, exits through its shutdown hooks, and those abort the job and delete the staging
-directory. SIGKILL of Python *and* the JVM (a process-group kill, the OOM killer, power loss)
-left the whole ``.spark-staging-*`` tree with complete-looking Parquet files in it, and nothing
-of the batch in the table proper. Both readers skip such leftovers: Spark's file index ignores
-every path component starting with ``.`` or ``_``, and ``pyarrow.dataset`` ignores the same
-prefixes (``ignore_prefixes`` default) -- tests/spark/test_tables.py checks both. A kill in the
-middle of the commit can leave some partitions of the batch renamed and others not (a batch
-that spans two dates is then half visible): replaying the batch heals that, as it heals a crash
-between the tables of one batch. `clean_staging` removes leftovers to reclaim the disk space;
-call it only while no write is running (at start-up).
+Two writers keep one contract (`write_batch`), with the same application ids, so a batch landed
+by one is skipped by the other:
+- `ArrowTableWriter` (the default landing, no JVM): pyarrow writes each date's rows as one
+  Parquet file into the table directory, synced, and delta-rs commits the files with the
+  transaction identifier (`DeltaTable.create_write_transaction`). The crash point between the
+  two (`LANDED_NOT_COMMITTED`) leaves files that no snapshot lists; VACUUM removes them.
+- `TableWriter` (`landing = "spark"`: a cluster, remote tables): a Spark job through delta-spark
+  with `txnAppId` / `txnVersion`, which does the same skip inside its commit.
 
-Type round trip (Spark writes, `read_table_arrow` reads; both seen in tests/spark/test_tables.py):
-string, int8, int16, int32, int64, float64 and binary come back as the same Arrow types;
-``timestamp[us, tz=UTC]`` comes back as ``timestamp[us, tz=UTC]`` because the session writes
-TIMESTAMP_MICROS (Spark's INT96 default would come back as naive nanoseconds). Tz-naive Arrow
-timestamps are taken as UTC by Spark (the session time zone) and come back tz-aware. Through
-Spark (`read_table(...).collect()`) timestamps arrive as naive UTC datetimes. The partition
-columns come back as ``date: string`` and ``batch_id: int64`` from both readers, last in column
-order.
-
-Size of a batch (measured, local[2], 512m driver, 250-byte rows over two dates, warm JVM):
-200 rows 0.25 s, 4k 0.29 s, 20k 0.35 s, 50k 0.5 s, 100k 0.84 s per `write_batch`, replays alike;
-the first write after start takes 3-5 s more. The rows travel inside the Spark task, so 200k
-such rows exhausted the 512m heap (the JVM then exits, see spark/session.py): keep a batch to
-tens of thousands of rows or raise the driver memory (at 1g 200k rows took 1.5 s).
+What every Delta reader can read (delta-rs, delta-spark, DuckDB's delta extension): timestamps
+as UTC microseconds (Delta `timestamp`, never `timestamp_ntz`), every column nullable (NOT NULL
+columns written by delta-rs made delta-spark refuse a table: DESIGN §7), reader version 1 and
+writer version 2, no deletion vectors and no column mapping. Schema changes are additive: a
+batch that brings a new column adds it to the table (nullable) before its append, so older rows
+read it as null.
 """
 
 from __future__ import annotations
 
+import gc
+import json
 import logging
 import os
 import re
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -61,12 +46,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
-from pyspark.errors import AnalysisException
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from spark.location import Location, local_path, spark_uri
 
@@ -76,28 +56,22 @@ READS = "reads"
 DEAD_LETTERS = "dead_letters"
 EVENTS = "events"
 READER_EVENTS = "reader_events"
+TABLES = (READS, EVENTS, DEAD_LETTERS, READER_EVENTS)
 
 DATE = "date"
 BATCH_ID = "batch_id"
-# A compacted row's landing batch (spark/compaction.py); null in landing files, where the
-# partition `batch_id` is the landing batch.
-LANDING_BATCH_ID = "landing_batch_id"
-PARTITION_COLUMNS = (DATE, BATCH_ID)
-PARTITION_SCHEMA = pa.schema([(DATE, pa.string()), (BATCH_ID, pa.int64())])
-# Timestamps as the session writes them (TIMESTAMP_MICROS, UTC).
+PARTITION_COLUMNS = (DATE,)
+# Timestamps as every Delta reader takes them: Delta `timestamp` is UTC microseconds.
 UTC_MICROS = pa.timestamp("us", tz="UTC")
-# Hidden names of ArrowTableWriter's commit: a batch's files before the swap, and a replayed
-# partition's old files during it. Both readers skip them; clean_staging removes them.
-LANDING_PREFIX = ".landing-"
-OVERWRITTEN_PREFIX = ".overwritten-"
-# ArrowTableWriter's crash point: a table's files written and synced, none swapped in.
-LANDED_NOT_SWAPPED = "landing_after_write_before_swap"
-_LEFTOVER_PREFIXES = (".spark-staging", LANDING_PREFIX, OVERWRITTEN_PREFIX)
+# Crash points (the actors arm them by name): a table's files written and synced, not yet
+# committed (ArrowTableWriter); one table of a batch committed, the next not yet (both writers).
+LANDED_NOT_COMMITTED = "landing_after_write_before_commit"
+BETWEEN_TABLES = "landing_between_tables"
 
+# Table properties of every table fxgate creates (spark/maintenance.py keeps them up to date).
+# Reader 1 / writer 2 is what every Delta reader reads; fxgate asks for no table feature.
 _TABLE_NAME = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
 _DATE_VALUE = r"^\d{4}-\d{2}-\d{2}$"
-# Spark says this when the path does not exist or holds no data file yet.
-_NO_DATA_CONDITIONS = frozenset({"PATH_NOT_FOUND", "UNABLE_TO_INFER_SCHEMA"})
 
 
 def table_path(tables_dir: Location, name: str) -> str:
@@ -112,203 +86,84 @@ class TablesNotReadable(ValueError):
     them, and the readers that start no JVM (status, dead-letters list) cannot."""
 
 
-class TableWriter:
-    """Writes one batch of tables; a replayed batch id replaces what that id wrote before."""
-
-    def __init__(self, session: SparkSession, tables_dir: Location) -> None:
-        self._session = session
-        self._tables_dir = spark_uri(tables_dir)
-        # build_session sets this too; a session built elsewhere would write INT96 (Spark's
-        # default), which the non-Spark readers see as naive nanoseconds.
-        session.conf.set("spark.sql.parquet.outputTimestampType", "TIMESTAMP_MICROS")
-
-    def cancel(self) -> None:
-        """Cancel the running Spark job (from another thread): its write_batch raises."""
-        self._session.sparkContext.cancelAllJobs()
-
-    def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
-        """Write every table of batch `batch_id`; return the rows written per table.
-
-        Each table needs a string column `date` ('YYYY-MM-DD'); a `batch_id` column is added
-        when missing (and must equal `batch_id` when present). Empty tables start no job and
-        count 0. Tables are written one after the other, each in its own Spark job, so a crash
-        can leave the batch written to some tables only: the caller heals that by replaying the
-        whole batch. Everything is validated before the first write.
-        """
-        return _write_tables(self._tables_dir, batch_id, tables, self._write)
-
-    def _write(self, path: str, table: pa.Table) -> None:
-        (
-            self._session.createDataFrame(table)
-            .write.mode("overwrite")
-            .option("partitionOverwriteMode", "dynamic")
-            .partitionBy(*PARTITION_COLUMNS)
-            .parquet(path)
-        )
+def application_id(gateway_id: str) -> str:
+    """The Delta application id of one gateway's ledger (its random id, made with the ledger):
+    two gateways writing one table never share it, and a new ledger (whose batch ids start at 1
+    again) never has its batches skipped for an old ledger's."""
+    if not gateway_id or not re.fullmatch(r"[A-Za-z0-9_.:-]+", gateway_id):
+        raise ValueError(f"invalid gateway id {gateway_id!r}")
+    return f"fxgate-ledger-{gateway_id}"
 
 
-class ArrowTableWriter:
-    """Writes one batch of tables with pyarrow, in this process: the same layout, files and
-    replay contract as `TableWriter`, without a Spark job.
+def is_delta_table(path: Location) -> bool:
+    """Whether a Delta log exists at `path` (a local path; remote tables: Spark checks)."""
+    local = local_path(path)
+    return local is not None and (local / "_delta_log").is_dir()
 
-    For a tables directory on this machine's disk with a local Spark master (the defaults):
-    a Spark write turns the Arrow rows back into JVM rows on the driver, sorts them by
-    partition and writes them, about 40,000 rows/s on the JVM's one busy core (bench
-    `batched-*`); pyarrow writes the same rows as Parquet in C++, several times faster and
-    mostly outside the interpreter lock. Spark still reads, compacts and reports on the tables.
 
-    The commit mirrors Spark's dynamic overwrite. Each table's partitions of the batch are
-    written under a hidden ``{table}/.landing-<id>/`` directory and synced; then each
-    ``date=D/batch_id=N`` already there is renamed aside to a hidden
-    ``.overwritten-<id>-date=D-batch_id=N`` and the new one renamed into place, and the aside
-    one removed. Every hidden name is skipped by both readers (Spark's file index and
-    `pyarrow.dataset` skip ``.`` and ``_`` paths) and removed by `clean_staging` at start. A
-    kill between the two renames leaves the partition missing until the replay of the batch,
-    which the ledger owes because the batch was not yet committed: the same window as a Spark
-    job killed inside its commit.
+def table_properties(
+    checkpoint_interval: int = 100,
+    log_retention_hours: float = 48.0,
+    deleted_file_retention_hours: float = 24.0,
+) -> dict[str, str]:
+    """Delta table properties fxgate sets on its tables (spark/maintenance.py says why each).
 
-    The files hold what Spark would have written from the same Arrow table (the same column
-    types and nullability; timestamps as UTC microseconds, a tz-naive one taken as UTC as
-    Spark takes it) and no partition columns; tests/spark/test_tables.py compares the two.
+    `delta.checkpointInterval`: a checkpoint every that many commits, so opening the table reads
+    one Parquet checkpoint and at most that many JSON commits, however old the table is.
+    `delta.logRetentionDuration`: commits older than this go at a checkpoint (delta-rs and
+    delta-spark both clean up then), so a table committing every second keeps a bounded log.
+    `delta.deletedFileRetentionDuration`: what VACUUM keeps of the files a compaction replaced,
+    for readers that opened an older snapshot (any engine's VACUUM honours it).
     """
-
-    def __init__(
-        self,
-        session: object,
-        tables_dir: Location,
-        checkpoint: Callable[[str], None] = lambda name: None,
-    ) -> None:
-        local = local_path(tables_dir)
-        if local is None:
-            raise TablesNotReadable(
-                f"{tables_dir} is not on this machine's disk: batches go through Spark there"
-            )
-        self._tables_dir = local
-        # Called at LANDED_NOT_SWAPPED (the actors arm their crash point of that name there).
-        self._checkpoint = checkpoint
-
-    def cancel(self) -> None:
-        """Nothing runs that another thread could cancel: a local write ends or raises."""
-
-    def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
-        """As `TableWriter.write_batch`: every table of batch `batch_id`, validated first,
-        written one after the other; a replay replaces exactly the batch's partitions."""
-        return _write_tables(
-            str(self._tables_dir),
-            batch_id,
-            tables,
-            lambda path, table: _land_partitions(Path(path), batch_id, table, self._checkpoint),
-        )
-
-
-def _write_tables(
-    tables_dir: str,
-    batch_id: int,
-    tables: Mapping[str, pa.Table],
-    write: Callable[[str, pa.Table], None],
-) -> dict[str, int]:
-    """Both writers' `write_batch`: validate every table first, then `write(path, table)` each
-    table that has rows, one after the other; the rows per table."""
-    if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 0:
-        raise ValueError(f"batch_id must be a non-negative int, got {batch_id!r}")
-    prepared = {
-        table_path(tables_dir, name): (name, _with_partition_columns(table, batch_id))
-        for name, table in tables.items()
+    return {
+        "delta.checkpointInterval": str(int(checkpoint_interval)),
+        "delta.logRetentionDuration": f"interval {_whole_seconds(log_retention_hours)} seconds",
+        "delta.deletedFileRetentionDuration": (
+            f"interval {_whole_seconds(deleted_file_retention_hours)} seconds"
+        ),
+        "delta.enableExpiredLogCleanup": "true",
     }
-    started = time.perf_counter()
-    written: dict[str, int] = {}
-    for path, (name, table) in prepared.items():
-        written[name] = table.num_rows
-        if table.num_rows:
-            write(path, table)
-    logger.info(
-        "Batch %s written in %.2f s: %s",
-        batch_id,
-        time.perf_counter() - started,
-        ", ".join(f"{name}={rows}" for name, rows in written.items()),
-    )
-    return written
 
 
-def _land_partitions(
-    table_dir: Path, batch_id: int, table: pa.Table, checkpoint: Callable[[str], None]
-) -> None:
-    """Write `table`'s rows of batch `batch_id`, one file per date, then swap them in."""
-    token = uuid.uuid4().hex
-    staging = table_dir / f"{LANDING_PREFIX}{batch_id}-{token}"
-    data = _as_spark_writes(table.drop_columns(list(PARTITION_COLUMNS)))
-    dates = table.column(DATE)
-    try:
-        staged: list[Path] = []
-        for date in sorted(pc.unique(dates).to_pylist()):
-            partition = Path(f"{DATE}={date}") / f"{BATCH_ID}={batch_id}"
-            directory = staging / partition
-            directory.mkdir(parents=True)
-            rows = data.filter(pc.equal(dates, date))
-            with open(directory / f"part-00000-{token}.snappy.parquet", "wb") as file:
-                pq.write_table(rows, file, compression="snappy")
-                file.flush()
-                os.fsync(file.fileno())
-            staged.append(partition)
-        checkpoint(LANDED_NOT_SWAPPED)
-        for partition in staged:
-            _swap_in(table_dir, staging / partition, table_dir / partition, token)
-    except Exception:
-        # A failed write is retried as a whole: what it staged must not pile up meanwhile.
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    shutil.rmtree(staging)
+def _whole_seconds(hours: float) -> int:
+    return max(0, round(hours * 3600))
 
 
-def _swap_in(table_dir: Path, staged: Path, target: Path, token: str) -> None:
-    """Put the `staged` partition directory in place of `target` (there or not)."""
-    date_dir = target.parent
-    if not date_dir.exists():
-        date_dir.mkdir(parents=True, exist_ok=True)
-        fsync_path(table_dir)
-    aside = table_dir / f"{OVERWRITTEN_PREFIX}{token}-{date_dir.name}-{target.name}"
-    try:
-        target.rename(aside)
-    except FileNotFoundError:
-        aside = None
-    try:
-        staged.rename(target)
-    except OSError:
-        if aside is not None:
-            aside.rename(target)  # as it was: the batch's retry replaces it
-        raise
-    fsync_path(date_dir)
-    if aside is not None:
-        shutil.rmtree(aside)
-
-
-def _as_spark_writes(table: pa.Table) -> pa.Table:
-    """`table` with the column types a Spark write would have given it."""
+def delta_schema(table: pa.Table | pa.Schema) -> pa.Schema:
+    """The schema fxgate writes for `table`: every column nullable, timestamps UTC micros,
+    plain strings and binaries (what every Delta reader reads)."""
+    schema = table if isinstance(table, pa.Schema) else table.schema
     fields = []
-    for field in table.schema:
+    for field in schema:
         kind = field.type
         if pa.types.is_timestamp(kind):
             kind = UTC_MICROS
-        elif pa.types.is_large_string(kind):
+        elif pa.types.is_large_string(kind) or pa.types.is_string_view(kind):
             kind = pa.string()
-        elif pa.types.is_large_binary(kind):
+        elif pa.types.is_large_binary(kind) or pa.types.is_binary_view(kind):
             kind = pa.binary()
-        fields.append(field.with_type(kind))
-    schema = pa.schema(fields)
-    # A nanosecond timestamp loses its last digits, as Spark's microseconds lose them.
-    return table if schema == table.schema else table.cast(schema, safe=False)
+        elif pa.types.is_dictionary(kind):
+            kind = kind.value_type
+        fields.append(pa.field(field.name, kind, nullable=True))
+    return pa.schema(fields)
 
 
-def fsync_path(path: Path) -> None:
-    """Sync a file's data, or a directory's entries, to the disk."""
-    descriptor = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(descriptor)
-    finally:
-        os.close(descriptor)
+def as_written(table: pa.Table) -> pa.Table:
+    """`table` cast to `delta_schema` (a tz-naive timestamp is taken as UTC, as Spark takes it;
+    a nanosecond one loses its last digits, as Spark's microseconds lose them)."""
+    schema = delta_schema(table)
+    if schema == table.schema:
+        return table
+    columns = []
+    for column, field in zip(table.columns, schema, strict=True):
+        if pa.types.is_timestamp(column.type) and column.type.tz is None:
+            column = pc.assume_timezone(column, "UTC")
+        columns.append(column.cast(field.type, safe=False))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
-def _with_partition_columns(table: pa.Table, batch_id: int) -> pa.Table:
+def _prepared(table: pa.Table, batch_id: int) -> pa.Table:
+    """A batch's table checked (a 'YYYY-MM-DD' `date` on every row) and given its `batch_id`."""
     names = table.schema.names
     if DATE not in names:
         raise ValueError(f"table has no {DATE!r} column (columns: {names})")
@@ -319,111 +174,344 @@ def _with_partition_columns(table: pa.Table, batch_id: int) -> pa.Table:
         date.null_count or not pc.all(pc.match_substring_regex(date, _DATE_VALUE)).as_py()
     ):
         raise ValueError(f"column {DATE!r} holds a null or a value not shaped 'YYYY-MM-DD'")
-    table = table.set_column(names.index(DATE), DATE, date.cast(pa.string()))
-
     if BATCH_ID not in names:
-        return table.append_column(
-            pa.field(BATCH_ID, pa.int64(), nullable=False),
+        table = table.append_column(
+            pa.field(BATCH_ID, pa.int64()),
             pa.repeat(pa.scalar(batch_id, pa.int64()), table.num_rows),
         )
-    ids = table.column(BATCH_ID).cast(pa.int64())
-    if table.num_rows and (ids.null_count or not pc.all(pc.equal(ids, batch_id)).as_py()):
-        raise ValueError(f"column {BATCH_ID!r} holds values other than {batch_id}")
-    return table.set_column(names.index(BATCH_ID), BATCH_ID, ids)
+    else:
+        ids = table.column(BATCH_ID).cast(pa.int64())
+        if table.num_rows and (ids.null_count or not pc.all(pc.equal(ids, batch_id)).as_py()):
+            raise ValueError(f"column {BATCH_ID!r} holds values other than {batch_id}")
+        table = table.set_column(names.index(BATCH_ID), BATCH_ID, ids)
+    return as_written(table)
 
 
-def clean_staging(tables_dir: Path) -> list[Path]:
-    """Delete what killed write jobs left under `tables_dir`; return the removed paths.
+def _check_batch_id(batch_id: int) -> None:
+    if isinstance(batch_id, bool) or not isinstance(batch_id, int) or batch_id < 1:
+        raise ValueError(f"batch_id must be a positive int, got {batch_id!r}")
 
-    Removes `.spark-staging-*` and `_temporary` entries (Spark's) and `.landing-*` and
-    `.overwritten-*` ones (ArrowTableWriter's) at any depth. Both readers already
-    ignore them; this only reclaims space. Never call it while a write is running: those
-    directories are then the running job's output.
 
-    With a cluster master the dead driver's executors live on until their worker ends them, and
-    one may still be writing its task's files while they are removed: what cannot be removed
-    now is left (with a warning) for the next start.
+def _write_tables(
+    tables_dir: str,
+    batch_id: int,
+    tables: Mapping[str, pa.Table],
+    append: Callable[[str, str, pa.Table], bool],
+    checkpoint: Callable[[str], None],
+) -> dict[str, int]:
+    """Both writers' `write_batch`: validate every table first, then `append(name, path,
+    table)` each table that has rows, one after the other; the rows per table (what the batch
+    holds, whether this call appended them or an earlier attempt did)."""
+    _check_batch_id(batch_id)
+    prepared = {
+        name: (table_path(tables_dir, name), _prepared(table, batch_id))
+        for name, table in tables.items()
+    }
+    started = time.perf_counter()
+    written: dict[str, int] = {}
+    skipped: list[str] = []
+    for name, (path, table) in prepared.items():
+        if written:
+            checkpoint(BETWEEN_TABLES)
+        written[name] = table.num_rows
+        if table.num_rows and not append(name, path, table):
+            skipped.append(name)
+    logger.info(
+        "Batch %s written in %.2f s: %s%s",
+        batch_id,
+        time.perf_counter() - started,
+        ", ".join(f"{name}={rows}" for name, rows in written.items()),
+        f" ({', '.join(skipped)} had it already)" if skipped else "",
+    )
+    return written
+
+
+class ArrowTableWriter:
+    """Appends batches with pyarrow and delta-rs, in this process, with no JVM.
+
+    For each table of a batch: read the table's last version for this gateway's application id
+    (skip the table if the batch is in already), add any new column to the table's schema, write
+    one Parquet file per date into ``date=D/`` (synced, under a fresh name no snapshot lists),
+    then commit them in one Delta commit carrying (application id, batch id). delta-rs commits
+    by an atomic create-if-absent of the next log entry, so a kill leaves either the commit or
+    only unlisted files.
     """
-    removed: list[Path] = []
-    for root, dirnames, filenames in os.walk(tables_dir):
-        for name in list(dirnames) + filenames:
-            if not (name.startswith(_LEFTOVER_PREFIXES) or name == "_temporary"):
-                continue
-            path = Path(root) / name
-            try:
-                if name in dirnames:
-                    dirnames.remove(name)  # do not walk into what is being deleted
-                    shutil.rmtree(path)
-                else:
-                    path.unlink()
-            except FileNotFoundError:
-                pass  # its writer removed it first: gone all the same
-            except OSError as error:
-                logger.warning("Could not remove %s yet: %s", path, error)
-                continue
-            removed.append(path)
-    if removed:
-        logger.info("Removed %s leftovers of killed Spark jobs under %s", len(removed), tables_dir)
-    return sorted(removed)
 
+    def __init__(
+        self,
+        session: object,
+        tables_dir: Location,
+        app_id: str,
+        checkpoint: Callable[[str], None] = lambda name: None,
+        properties: Mapping[str, str] | None = None,
+    ) -> None:
+        local = local_path(tables_dir)
+        if local is None:
+            raise TablesNotReadable(
+                f"{tables_dir} is not on this machine's disk: batches go through Spark there"
+            )
+        self._tables_dir = local
+        self._app_id = app_id
+        # Called at LANDED_NOT_COMMITTED (the actors arm their crash point of that name there).
+        self._checkpoint = checkpoint
+        self._properties = dict(table_properties() if properties is None else properties)
+        # Open tables, updated incrementally (opening one reads its log from the checkpoint on).
+        self._open: dict[str, object] = {}
 
-def read_table(
-    session: SparkSession,
-    tables_dir: Location,
-    name: str,
-    schema: pa.Schema | None = None,
-) -> DataFrame:
-    """Table `name` through Spark; `date` is a string and `batch_id` a long, as written.
+    @property
+    def app_id(self) -> str:
+        return self._app_id
 
-    A table with no data yet is an empty DataFrame with `schema` (an Arrow schema holding the
-    partition columns) or, without it, just the two partition columns.
-    """
-    try:
-        # Schema changes are additive: a column added later is null in older files, not absent.
-        df = session.read.option("mergeSchema", "true").parquet(
-            table_path(spark_uri(tables_dir), name)
+    def cancel(self) -> None:
+        """Nothing runs that another thread could cancel: a local write ends or raises."""
+
+    def close(self) -> None:
+        """Let go of the open tables now, not at interpreter exit: delta-rs and Arrow thread
+        pools torn down in the wrong order at exit aborted the process ("terminate called
+        without an active exception"), 1 run in 10 here, after writes and a maintenance pass."""
+        self._open.clear()
+        gc.collect()
+
+    def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
+        """Append every table of batch `batch_id` that does not have it yet; see the module."""
+        return _write_tables(
+            str(self._tables_dir), batch_id, tables, self._append, self._checkpoint
         )
-    except AnalysisException as error:
-        if error.getCondition() not in _NO_DATA_CONDITIONS:
-            raise
-        return session.createDataFrame(_empty_table(schema))
-    # Spark infers partition value types: 'date=2024-05-01' would come back as a DateType.
-    return df.withColumns(
-        {DATE: F.col(DATE).cast("string"), BATCH_ID: F.col(BATCH_ID).cast("long")}
+
+    def last_version(self, name: str) -> int | None:
+        """The last batch id of this gateway's application id in table `name` (None: none)."""
+        table = self._table(table_path(str(self._tables_dir), name), None)
+        return None if table is None else table.transaction_version(self._app_id)
+
+    def _table(self, path: str, schema: pa.Schema | None):
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        table = self._open.get(path)
+        if table is not None:
+            table.update_incremental()
+            return table
+        try:
+            table = DeltaTable(path)
+        except TableNotFoundError:
+            if schema is None:
+                return None
+            table = DeltaTable.create(
+                path,
+                schema=schema,
+                partition_by=list(PARTITION_COLUMNS),
+                mode="ignore",  # another writer made it first: append to theirs
+                configuration=self._properties,
+            )
+            logger.info("Delta table created: %s", path)
+        self._open[path] = table
+        return table
+
+    def _append(self, name: str, path: str, table: pa.Table) -> bool:
+        from deltalake import CommitProperties, Transaction
+
+        delta = self._table(path, table.schema)
+        done = delta.transaction_version(self._app_id)
+        batch_id = int(table.column(BATCH_ID)[0].as_py())
+        if done is not None and done >= batch_id:
+            return False
+        add_new_columns(delta, table.schema)
+        adds = _write_files(Path(path), table)
+        self._checkpoint(LANDED_NOT_COMMITTED)
+        delta.create_write_transaction(
+            adds,
+            mode="append",
+            schema=delta.schema(),
+            partition_by=list(PARTITION_COLUMNS),
+            commit_properties=CommitProperties(
+                app_transactions=[Transaction(self._app_id, batch_id)]
+            ),
+        )
+        return True
+
+
+def add_new_columns(delta, schema: pa.Schema) -> None:
+    """Schema evolution: the columns of `schema` the table lacks are added to it, nullable."""
+    from deltalake import Schema as DeltaSchema
+
+    have = set(pa.schema(delta.schema()).names)
+    new = [field for field in schema if field.name not in have]
+    if not new:
+        return
+    fields = DeltaSchema.from_arrow(pa.schema(new)).fields
+    delta.alter.add_columns(list(fields))
+    delta.update_incremental()
+    logger.info(
+        "Delta table %s: column(s) %s added", delta.table_uri, ", ".join(f.name for f in new)
     )
 
 
-def read_table_arrow(tables_dir: Location, name: str, schema: pa.Schema | None = None) -> pa.Table:
-    """Table `name` read with plain pyarrow (hive partitioning), the way non-Spark readers do.
+def _write_files(table_dir: Path, table: pa.Table) -> list:
+    """One synced Parquet file per date of `table` under ``date=D/``; their Delta add actions."""
+    from deltalake.transaction import AddAction
 
-    Sees exactly what Spark's reader sees (both skip `.`/`_` paths). A table with no data yet
-    is an empty table with `schema` or, without it, just the two partition columns. Tables
-    that are not on the local disk raise `TablesNotReadable`.
+    token = uuid.uuid4().hex
+    dates = table.column(DATE)
+    data = table.drop_columns(list(PARTITION_COLUMNS))
+    adds = []
+    for date in sorted(pc.unique(dates).to_pylist()):
+        rows = data.filter(pc.equal(dates, date))
+        relative = f"{DATE}={date}/part-00000-{token}.c000.snappy.parquet"
+        full = table_dir / relative
+        full.parent.mkdir(parents=True, exist_ok=True)
+        with open(full, "wb") as file:
+            pq.write_table(rows, file, compression="snappy")
+            file.flush()
+            os.fsync(file.fileno())
+        stat = full.stat()
+        adds.append(
+            AddAction(
+                relative,
+                stat.st_size,
+                {DATE: date},
+                int(stat.st_mtime * 1000),
+                True,
+                json.dumps({"numRecords": rows.num_rows}),
+            )
+        )
+    return adds
+
+
+class TableWriter:
+    """Appends batches through Spark jobs with delta-spark (`landing = "spark"`: a cluster, or
+    tables on HDFS/S3): the same contract and application ids as `ArrowTableWriter`.
+
+    delta-spark records `txnAppId`/`txnVersion` in the commit and skips a write whose version
+    is not above the one recorded; the writer also reads the version first (through
+    `DeltaTable.forPath`), so a batch in already starts no job. Schema evolution is
+    `mergeSchema` on the append; the table properties are set when a write creates the table.
+    """
+
+    def __init__(
+        self,
+        session,
+        tables_dir: Location,
+        app_id: str,
+        properties: Mapping[str, str] | None = None,
+        checkpoint: Callable[[str], None] = lambda name: None,
+    ) -> None:
+        self._session = session
+        self._tables_dir = spark_uri(tables_dir)
+        self._app_id = app_id
+        self._checkpoint = checkpoint  # called at BETWEEN_TABLES
+        self._properties = dict(table_properties() if properties is None else properties)
+
+    @property
+    def app_id(self) -> str:
+        return self._app_id
+
+    def cancel(self) -> None:
+        """Cancel the running Spark job (from another thread): its write_batch raises."""
+        self._session.sparkContext.cancelAllJobs()
+
+    def close(self) -> None:
+        """Nothing held: the session is the writer actor's to stop."""
+
+    def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
+        return _write_tables(self._tables_dir, batch_id, tables, self._append, self._checkpoint)
+
+    def last_version(self, name: str) -> int | None:
+        return spark_last_version(self._session, table_path(self._tables_dir, name), self._app_id)
+
+    def _append(self, name: str, path: str, table: pa.Table) -> bool:
+        batch_id = int(table.column(BATCH_ID)[0].as_py())
+        done = spark_last_version(self._session, path, self._app_id)
+        if done is not None and done >= batch_id:
+            return False
+        writer = (
+            self._session.createDataFrame(table)
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", self._app_id)
+            .option("txnVersion", batch_id)
+            .option("mergeSchema", "true")
+            .partitionBy(*PARTITION_COLUMNS)
+        )
+        if done is None:
+            for key, value in self._properties.items():
+                writer = writer.option(key, value)
+        writer.save(path)
+        return True
+
+
+def spark_last_version(session, path: str, app_id: str) -> int | None:
+    """The last version of `app_id` in the Delta table at `path`, read through delta-spark's
+    own snapshot (None: no table there yet, or no commit of that application)."""
+    jvm = session.sparkContext._jvm
+    log = jvm.org.apache.spark.sql.delta.DeltaLog.forTable(session._jsparkSession, path)
+    snapshot = log.update(False, jvm.scala.Option.empty(), jvm.scala.Option.empty())
+    if snapshot.version() < 0:
+        return None
+    found = snapshot.transactions().get(app_id)
+    return None if found.isEmpty() else int(found.get())
+
+
+def read_table(session, tables_dir: Location, name: str, schema: pa.Schema | None = None):
+    """Table `name` through Spark (delta-spark), as one snapshot; `date` is a string.
+
+    A table with no commit yet is an empty DataFrame with `schema` (Arrow) or, without it, just
+    the `date` and `batch_id` columns.
+    """
+    path = table_path(spark_uri(tables_dir), name)
+    jvm = session.sparkContext._jvm
+    if not jvm.io.delta.tables.DeltaTable.isDeltaTable(session._jsparkSession, path):
+        return session.createDataFrame(_empty_table(schema))
+    return session.read.format("delta").load(path)
+
+
+def read_table_arrow(tables_dir: Location, name: str, schema: pa.Schema | None = None) -> pa.Table:
+    """Table `name` read with delta-rs (one snapshot, no JVM), the way non-Spark readers do.
+
+    A table with no commit yet is an empty table with `schema` or, without it, just the `date`
+    and `batch_id` columns; with `schema`, a column added since reads as null. Tables that are
+    not on the local disk raise `TablesNotReadable`.
     """
     local = local_path(tables_dir)
     if local is None:
-        # Not pyarrow's own remote file systems: its hdfs:// loads a JVM into this process, and
-        # s3a:// (Hadoop's S3 client, configured in Spark) is not one of them.
         raise TablesNotReadable(
             f"table {name} at {table_path(tables_dir, name)} is not on this machine's disk; "
             "only Spark reads it (`fxgate report`)"
         )
-    filesystem, path = pafs.LocalFileSystem(), table_path(local, name)
-    if filesystem.get_file_info(path).type == pafs.FileType.NotFound:
+    path = table_path(local, name)
+    if not is_delta_table(path):
         return _empty_table(schema)
-    dataset = ds.dataset(
-        path,
-        filesystem=filesystem,
-        format="parquet",
-        partitioning=ds.partitioning(PARTITION_SCHEMA, flavor="hive"),
-        # With a schema, a column added later reads as null from older files (pyarrow would
-        # otherwise take the first file's columns and drop the newer ones).
-        schema=None if schema is None else pa.unify_schemas([schema, PARTITION_SCHEMA]),
-    )
-    if not dataset.files:
-        return _empty_table(schema)
-    return dataset.to_table()
+    from deltalake import DeltaTable
+
+    table = DeltaTable(path).to_pyarrow_table()
+    if schema is None:
+        return table
+    # Columns the caller knows and the table does not have yet read as null.
+    for field in schema:
+        if field.name not in table.schema.names:
+            table = table.append_column(
+                field.with_nullable(True), pa.nulls(table.num_rows, field.type)
+            )
+    return table
+
+
+def count_rows(tables_dir: Location, name: str) -> int:
+    """Rows in table `name` (0: no table yet), from the log's per-file statistics: no data file
+    is opened. Tables not on the local disk raise `TablesNotReadable`."""
+    local = local_path(tables_dir)
+    if local is None:
+        raise TablesNotReadable(
+            f"table {name} at {table_path(tables_dir, name)} is not on this machine's disk"
+        )
+    path = table_path(local, name)
+    if not is_delta_table(path):
+        return 0
+    from deltalake import DeltaTable
+
+    return DeltaTable(path).count()
+
+
+_EMPTY_SCHEMA = pa.schema([(DATE, pa.string()), (BATCH_ID, pa.int64())])
 
 
 def _empty_table(schema: pa.Schema | None) -> pa.Table:
-    return (schema if schema is not None else PARTITION_SCHEMA).empty_table()
+    return delta_schema(schema if schema is not None else _EMPTY_SCHEMA).empty_table()

@@ -242,17 +242,21 @@ def report(config_path: Path | None, manifest: Path) -> None:
     """Compare the reads table (through Spark) with what a simulation published."""
     from actors.devtools.simulate import expected_read_ids, read_manifest
     from spark.report import compare, landed_ids_spark
-    from spark.session import build_session, stop_session
+    from spark.session import DeltaJarsMissing, build_session, stop_session
 
     config = _load(config_path)
     published = read_manifest(manifest)
-    session = build_session(
-        config.spark.master,
-        config.gateway.data_path / "spark-report",
-        driver_memory=config.spark.driver_memory,
-        class_data_archive=config.spark.class_data_archive,
-        conf=dict(config.spark.conf),
-    )
+    try:
+        session = build_session(
+            config.spark.master,
+            config.gateway.data_path / "spark-report",
+            driver_memory=config.spark.driver_memory,
+            class_data_archive=config.spark.class_data_archive,
+            conf=dict(config.spark.conf),
+        )
+    except DeltaJarsMissing as error:
+        click.echo(f"fxgate report: {error}", err=True)
+        sys.exit(2)
     try:
         ids, readers = landed_ids_spark(session, config.spark.tables_path(config.gateway.data_path))
     finally:
@@ -281,7 +285,6 @@ def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool)
     Exit status 0 when nothing is missing, 1 when something is, 2 when it could not audit."""
     from spark.audit import AuditError, audit_tables, check_tables_dir
     from spark.location import parse_location
-    from spark.readlock import TablesBusy
     from spark.session import build_session, stop_session
 
     config = _load(config_path)
@@ -306,7 +309,7 @@ def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool)
             result = audit_tables(session, locations)
         finally:
             stop_session(session)
-    except (AuditError, TablesBusy) as error:
+    except AuditError as error:
         click.echo(f"fxgate audit: could not audit: {error}", err=True)
         sys.exit(2)
     except Exception as error:  # a Spark failure: the audit says nothing about the reads
@@ -347,7 +350,6 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
-    from spark.readlock import TablesBusy, reading
     from spark.session import build_session, stop_session
     from spark.sql import (
         CannotQuery,
@@ -377,12 +379,10 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
             conf={"spark.sql.debug.maxToStringFields": 100, **config.spark.conf},
         )
         try:
-            # Views and query under the tables' read lock: no compaction swap half way through
-            # Spark's listing (spark/readlock.py).
-            with reading(tables_dir):
-                for name, why in register_tables(session, tables_dir).items():
-                    click.echo(f"fxgate sql: {name} is no table, left out: {why}", err=True)
-                result = run_query(session, query, limit)
+            # Each view reads a Delta snapshot: no lock of ours (the daemon may be writing).
+            for name, why in register_tables(session, tables_dir).items():
+                click.echo(f"fxgate sql: {name} is no table, left out: {why}", err=True)
+            result = run_query(session, query, limit)
             lines = list(json_lines(result)) if as_json else [format_table(result)]
         finally:
             stop_session(session)
@@ -392,7 +392,7 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
     except QueryFailed as error:
         click.echo(f"fxgate sql: query failed: {error}", err=True)
         sys.exit(1)
-    except (CannotQuery, TablesBusy) as error:
+    except CannotQuery as error:
         click.echo(f"fxgate sql: cannot query: {error}", err=True)
         sys.exit(2)
     except (PySparkException, Py4JJavaError, RuntimeError, OSError) as error:
@@ -409,16 +409,12 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
 
 @main.command()
 @config_option
-@click.option(
-    "--include-open",
-    is_flag=True,
-    help="compact the current date too (only while the daemon is stopped)",
-)
-def compact(config_path: Path | None, include_open: bool) -> None:
-    """Compact the closed dates of every table: one pass, then exit 0.
+def compact(config_path: Path | None) -> None:
+    """Maintain the Delta tables: OPTIMIZE (small files into large ones, the open date too),
+    VACUUM past the retention, checkpoint and clean the log; one pass, then exit 0.
 
-    While the daemon runs it is the daemon that compacts: this hands it a request (it runs the
-    pass within a second or two) and exits 0; with --include-open it refuses (exit 2)."""
+    While the daemon runs it is the daemon that maintains its tables: this hands it a request
+    (it runs the pass between two of its writes, within a second or two) and exits 0."""
     from actors.app.compact import CompactRefused, compact_tables
 
     config = _load(config_path)
@@ -427,7 +423,7 @@ def compact(config_path: Path | None, include_open: bool) -> None:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        click.echo(compact_tables(config, include_open))
+        click.echo(compact_tables(config))
     except CompactRefused as error:
         click.echo(f"fxgate compact: {error}", err=True)
         sys.exit(2)

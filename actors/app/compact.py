@@ -1,20 +1,22 @@
-"""`fxgate compact`: one compaction pass from the command line, or a request to the daemon.
+"""`fxgate compact`: one table maintenance pass from the command line, or a request to the daemon.
 
-The command takes the tables directory's compaction lock (spark/compaction.py). Held by the
-daemon, the daemon compacts: the command leaves it a request (persistence/compaction_request.py)
-and is done; `--include-open` is then refused, since the open date is the one the daemon writes
-to. Held by another `fxgate compact`, it is refused too. Otherwise it reads the ledger (read
-only, as `fxgate status` does) for the batches begun and not committed and the oldest row not yet
-in the table, and compacts the dates before that in its own Spark session.
+The command takes the tables directory's writer lock (spark/writer_lock.py). Held by the daemon,
+the daemon maintains its tables between its own writes: the command leaves it a request
+(persistence/compaction_request.py) and is done. Held by another `fxgate compact`, it is refused.
+Otherwise it runs the pass itself (spark/maintenance.py): OPTIMIZE, VACUUM, checkpoints and log
+clean-up, each a Delta commit or a deletion no snapshot within the retention needs, so it takes
+no lock of the readers and no ledger state. With the tables on this disk it starts no JVM; for
+remote tables (a cluster's HDFS or S3) it runs the pass through delta-spark.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 
 from actors.config.schema import Config
-from actors.crashpoints import CrashPointError, arm_from_environ, crash_point
+from actors.crashpoints import CrashPointError, arm_from_environ, crash_point, crash_soon
 from persistence.compaction_request import write_compaction_request
 from spark.location import local_path
 
@@ -25,81 +27,77 @@ class CompactRefused(RuntimeError):
     """The pass cannot run here or now; the message says why (exit status 2)."""
 
 
-def _ledger_state(config: Config) -> tuple[list[int], float | None]:
-    """(batches begun and not committed, receive time of the oldest row not in the table)."""
-    from persistence.database import open_engine
-    from persistence.ledger_store import LedgerStore
-    from persistence.records import TABLE
-
-    path = config.gateway.ledger_path
-    if not path.exists():
-        return [], None
-    engine = open_engine(path, readonly=True)
-    store = LedgerStore(engine, path)
-    try:
-        return list(store.open_batches()), store.lag(TABLE).oldest_received_time
-    finally:
-        store.close()
-        engine.dispose()
-
-
-def compact_tables(config: Config, include_open: bool) -> str:
-    from spark.compaction import CompactionBusy, CompactionLock, Compactor, closed_before
+def compact_tables(config: Config) -> str:
+    from spark.writer_lock import WriterBusy, WriterLock
 
     try:
         arm_from_environ()
     except CrashPointError as error:
         raise CompactRefused(str(error)) from None
-    tables = local_path(config.spark.tables_path(config.gateway.data_path))
+    location = config.spark.tables_path(config.gateway.data_path)
+    tables = local_path(location)
     if tables is None:
-        raise CompactRefused(
-            "the tables are not on this machine's disk: compaction renames directories, which "
-            "an object store cannot do atomically (README, Compaction)"
-        )
-    lock = CompactionLock(tables, "fxgate compact")
+        return _spark_pass(config, location)
+    lock = WriterLock(tables, "fxgate compact")
     try:
         lock.acquire()
-    except CompactionBusy as busy:
+    except WriterBusy as busy:
         if busy.holder.get("role") != "daemon":
             raise CompactRefused(f"{busy}; try again when it has finished") from None
-        if include_open:
-            raise CompactRefused(
-                f"{busy}: the daemon is running, and the open date is the one it writes to; "
-                "stop it first to compact the open date"
-            ) from None
         request = write_compaction_request(config.gateway.data_path)
         return (
-            f"the daemon (pid {busy.holder.get('pid')}) compacts the tables while it runs: "
-            f"compaction requested ({request}); its log says `compaction pass` when done"
+            f"the daemon (pid {busy.holder.get('pid')}) maintains the tables while it runs: "
+            f"maintenance requested ({request}); its log says `maintenance pass` when done"
         )
     try:
-        open_batches, oldest = _ledger_state(config)
-        boundary = None if include_open else closed_before(time.time(), oldest)
-        from spark.session import build_session, stop_session
+        _refuse_legacy_layout(tables)
+        from spark.maintenance import DeltaMaintainer
 
-        session = build_session(
-            config.spark.master,
-            config.gateway.data_path / "spark-compact",
-            driver_memory=config.spark.driver_memory,
-            class_data_archive=config.spark.class_data_archive,
-            conf={"spark.hadoop.fs.permissions.umask-mode": "077", **config.spark.conf},
-        )
-        try:
-            log.info(
-                "compacting %s: %s%s",
-                tables,
-                "every date" if boundary is None else f"the dates before {boundary}",
-                f", not the dates of uncommitted batch(es) {open_batches}" if open_batches else "",
-            )
-            result = Compactor(
-                session,
-                tables,
-                grace_seconds=config.compaction.grace_seconds,
-                target_file_bytes=config.compaction.target_file_mb * 1024 * 1024,
-                checkpoint=crash_point,
-            ).run(boundary, exclude_batches=open_batches)
-        finally:
-            stop_session(session)
+        log.info("maintaining the Delta tables in %s", tables)
+        result = DeltaMaintainer(
+            tables,
+            target_file_bytes=config.compaction.target_file_mb * 1024 * 1024,
+            open_file_bytes=config.compaction.open_file_mb * 1024 * 1024,
+            vacuum_retention_hours=config.compaction.vacuum_retention_hours,
+            checkpoint=crash_point,
+            soon=lambda name: crash_soon(name, delay=0.0),
+        ).run(time.time())
     finally:
         lock.release()
-    return f"compaction pass: {result.summary()}"
+    return f"maintenance pass: {result.summary()}"
+
+
+def _refuse_legacy_layout(tables: Path) -> None:
+    """Tables of the layout before Delta are the daemon's to convert (it knows which batches
+    its ledger has not committed); a pass over them would see no Delta table."""
+    from spark.convert import legacy_tables
+
+    found = legacy_tables(tables)
+    if found:
+        raise CompactRefused(
+            f"{', '.join(found)} in {tables} still in the layout before Delta: start the daemon "
+            "once, it converts them in place before its first write"
+        )
+
+
+def _spark_pass(config: Config, location) -> str:
+    """Remote tables: the pass through delta-spark (the daemon's own passes run the same way)."""
+    from spark.maintenance import SparkMaintainer
+    from spark.session import build_session, stop_session
+
+    session = build_session(
+        config.spark.master,
+        config.gateway.data_path / "spark-compact",
+        driver_memory=config.spark.driver_memory,
+        class_data_archive=config.spark.class_data_archive,
+        conf=dict(config.spark.conf),
+    )
+    try:
+        result = SparkMaintainer(
+            session,
+            location,
+            vacuum_retention_hours=config.compaction.vacuum_retention_hours,
+        ).run(time.time())
+    finally:
+        stop_session(session)
+    return f"maintenance pass: {result.summary()}"

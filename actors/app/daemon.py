@@ -50,6 +50,9 @@ EXIT_CORRUPT_DATABASE = 4
 # A database file was written by a newer fxgate (DESIGN §7.11): refused and left as it is, like
 # a bad configuration (exit 2), which a service manager must not retry either.
 EXIT_SCHEMA_TOO_NEW = 2
+# Delta Lake's jars are not installed and this configuration needs a Spark session (`landing =
+# "spark"`): an install problem that no restart mends (`make` fetches them).
+EXIT_NOT_INSTALLED = 2
 
 
 def configure_logging(level: str) -> None:
@@ -251,6 +254,15 @@ class Gateway:
         except SchemaTooNew as error:
             log.critical("not starting: %s", error)
             return EXIT_SCHEMA_TOO_NEW
+        if not self.config.spark.lands_with_arrow:
+            # The writer would start its Spark session in a restart loop; say it once, now.
+            from spark.session import DeltaJarsMissing, delta_jars
+
+            try:
+                delta_jars()
+            except DeltaJarsMissing as error:
+                log.critical("not starting: %s", error)
+                return EXIT_NOT_INSTALLED
         code = 0
         if self.metrics is not None:
             self._start_metrics()

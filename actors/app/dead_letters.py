@@ -50,20 +50,12 @@ class DeadLetter:
 
 
 def load_dead_letters(tables_dir: Path, reason: str | None = None) -> list[DeadLetter]:
-    """Every dead letter (of one reason, if given), newest first. `batch_id` is the batch it
-    landed in, also for a row compaction moved (its partition `batch_id` is the compacted
-    directory's)."""
-    import pyarrow as pa
-
-    from spark.readlock import reading
+    """Every dead letter (of one reason, if given), newest first, from one snapshot of the
+    Delta table (no lock: the daemon may be writing). `batch_id` is the batch it landed in."""
     from spark.schema import DEAD_LETTERS_SCHEMA
-    from spark.tables import DEAD_LETTERS, LANDING_BATCH_ID, read_table_arrow
+    from spark.tables import DEAD_LETTERS, read_table_arrow
 
-    schema = pa.unify_schemas(
-        [DEAD_LETTERS_SCHEMA, pa.schema([pa.field(LANDING_BATCH_ID, pa.int64())])]
-    )
-    with reading(tables_dir):
-        table = read_table_arrow(tables_dir, DEAD_LETTERS, schema)
+    table = read_table_arrow(tables_dir, DEAD_LETTERS, DEAD_LETTERS_SCHEMA)
     letters = [
         DeadLetter(
             row["message_key"],
@@ -71,7 +63,7 @@ def load_dead_letters(tables_dir: Path, reason: str | None = None) -> list[DeadL
             row["reason"],
             row.get("detail"),
             row.get("received_time"),
-            row.get(LANDING_BATCH_ID) or row.get("batch_id"),
+            row.get("batch_id"),
             row.get("payload"),
             row.get("qos") or 1,
             row.get("sink") or "table",

@@ -538,29 +538,28 @@ def _landing(snapshot: dict) -> Iterator[Metric]:
     if compaction is not None:
         yield _counter(
             "fxgate_compaction_passes",
-            "Compaction passes that ran (whatever they found to do).",
+            "Table maintenance passes (OPTIMIZE, VACUUM) that ran, whatever they found to do.",
             compaction.get("passes", 0),
         )
         yield _counter(
             "fxgate_compaction_failed_passes",
-            "Compaction passes that failed (the tables stay as they were; the next pass tries).",
+            "Maintenance passes that failed (the tables stay whole; the next pass tries).",
             compaction.get("failed_passes", 0),
         )
         yield _counter(
-            "fxgate_compaction_dates",
-            "Table dates compacted into one directory.",
-            compaction.get("dates_compacted", 0),
+            "fxgate_compaction_files_compacted",
+            "Small data files OPTIMIZE replaced with larger ones.",
+            compaction.get("files_compacted", 0),
         )
-        yield _gauge(
-            "fxgate_compaction_dates_left_open",
-            "Closed dates the last pass left as they were (an open batch, readers holding the "
-            "read lock); the log says why for each.",
-            compaction.get("dates_left_open", 0),
+        yield _counter(
+            "fxgate_compaction_files_vacuumed",
+            "Data files VACUUM deleted (replaced ones past the retention, and unlisted ones).",
+            compaction.get("files_vacuumed", 0),
         )
         if compaction.get("last_seconds") is not None:
             yield _gauge(
                 "fxgate_compaction_last_pass_seconds",
-                "How long the last compaction pass took.",
+                "How long the last maintenance pass took.",
                 compaction["last_seconds"],
             )
     last = snapshot.get("last_batch")

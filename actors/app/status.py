@@ -75,10 +75,10 @@ def _ledger(path: Path) -> dict:
 
 
 def _tables(tables_dir: Path | str) -> dict:
-    from spark.tables import DEAD_LETTERS, READS, TablesNotReadable, read_table_arrow
+    from spark.tables import DEAD_LETTERS, READS, TablesNotReadable, count_rows
 
     try:
-        return {name: read_table_arrow(tables_dir, name).num_rows for name in (READS, DEAD_LETTERS)}
+        return {name: count_rows(tables_dir, name) for name in (READS, DEAD_LETTERS)}
     except TablesNotReadable as error:
         # Tables on a cluster file system pyarrow cannot open: status starts no JVM to count them.
         return {READS: None, DEAD_LETTERS: None, "unreadable": str(error)}
@@ -311,7 +311,8 @@ def compaction_line(compaction: dict, now: float) -> str:
     ago = max(now - (compaction.get("last_time") or now), 0)
     return (
         f"compaction: {compaction.get('passes', 0)} pass(es), "
-        f"{compaction.get('dates_compacted', 0)} date(s) compacted, "
+        f"{compaction.get('files_compacted', 0)} file(s) compacted, "
+        f"{compaction.get('files_vacuumed', 0)} vacuumed, "
         f"{compaction.get('failed_passes', 0)} failed; last {ago:.0f} s ago "
         f"({compaction.get('last_reason')}): {outcome}: {compaction.get('last_summary')}{due}"
     )

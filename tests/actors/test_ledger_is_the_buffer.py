@@ -50,10 +50,10 @@ class SparkDown:
         self.failing = threading.Event()
         self.failed = 0
 
-    def __call__(self, session, tables_dir):
+    def __call__(self, session, tables_dir, **options):
         from spark.tables import TableWriter
 
-        real = TableWriter(session, tables_dir)
+        real = TableWriter(session, tables_dir, **options)
         outer = self
 
         class Writer:

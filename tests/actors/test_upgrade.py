@@ -1,6 +1,7 @@
 """An upgrade keeps what is waiting (DESIGN §7.11): a gateway started on the data directory an older
-fxgate left — ledger of schema version 1, outbound file without a recorded version — delivers each
-message once, whatever state it was in."""
+fxgate left — ledger of schema version 1, outbound file without a recorded version, tables in the
+`date=/batch_id=` Parquet layout before Delta — delivers each message once, whatever state it was
+in, and its tables become Delta tables holding every row once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import sqlite3
 from collections import Counter
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 
 from actors.clock import RealClock
@@ -18,7 +20,9 @@ from actors.supervisor import Supervisor
 from persistence.database import LEDGER_VERSION, OUTBOUND_VERSION
 from persistence.keys import message_key, read_id
 from persistence.outbound_store import SCHEMA as OUTBOUND_SCHEMA
-from spark.report import compare, landed_ids_spark
+from persistence.records import LedgerRecord
+from spark.report import compare, landed_ids_arrow, landed_ids_spark
+from spark.schema import build_batch
 from tests.actors.test_outbound import PUBLISH_LINE, forwarding_environ
 from tests.harness.checks import wait_until
 from tests.harness.mqtt import Collector
@@ -77,6 +81,23 @@ def previous_version_data_dir(data: Path, received: float) -> None:
         db.execute("INSERT INTO outbound VALUES (4, 7, 'publish', 1, NULL)")
     for name in ("ledger.sqlite", "outbound.sqlite"):
         (data / name).chmod(0o600)
+    # Its tables: batch 1 (message 1) landed; batch 2 half written when it stopped (message 2's
+    # partition of a batch the ledger never committed: the replay lands 2 and 3, this must not).
+    legacy_partition(data / "tables", 1, [1], received)
+    legacy_partition(data / "tables", 2, [2], received)
+
+
+def legacy_partition(tables: Path, batch_id: int, messages: list[int], received: float) -> None:
+    """`reads/date=D/batch_id=N/part-00000.parquet` as the fxgate before Delta wrote it: the
+    reads' columns in the file, the partition columns in the path."""
+    records = [
+        LedgerRecord(n, key(n), TOPIC, payload(n), 1, received, pack_id=batch_id) for n in messages
+    ]
+    reads = build_batch(records, batch_id).reads
+    date = reads.column("date")[0].as_py()
+    directory = tables / "reads" / f"date={date}" / f"batch_id={batch_id}"
+    directory.mkdir(parents=True)
+    pq.write_table(reads.drop_columns(["date", "batch_id"]), directory / "part-00000.parquet")
 
 
 def test_a_data_dir_of_the_previous_schema_delivers_every_waiting_message_once(
@@ -93,7 +114,8 @@ def test_a_data_dir_of_the_previous_schema_delivers_every_waiting_message_once(
     gateway = Supervisor(config, clock, session_factory=lambda: spark_session)
     try:
         gateway.start()
-        # 2 and 3 replayed as their batch; 4, 5, 6 packed anew: each once in the table.
+        # 1 converted from the old layout; 2 and 3 replayed as their batch (its old partial
+        # partition not converted); 4, 5, 6 packed anew: each once in the table.
         assert gateway.wait_for_landed(5, timeout=90)
         # 4, 5 and 6 go upstream (4 under its old packet id); 2 and 3 had gone already.
         messages = cloud.wait_for(3, timeout=60)
@@ -106,9 +128,12 @@ def test_a_data_dir_of_the_previous_schema_delivers_every_waiting_message_once(
         clock.close()
         cloud.close()
     tables = config.spark.tables_path(config.gateway.data_path)
+    expected = {read_id(key(n), 0) for n in (1, 2, 3, 4, 5, 6)}
     ids, readers = landed_ids_spark(spark_session, tables)
-    result = compare({read_id(key(n), 0) for n in (2, 3, 4, 5, 6)}, ids, readers)
+    result = compare(expected, ids, readers)
     assert result.exact, result
+    assert compare(expected, landed_ids_arrow(tables)[0]).exact
+    assert not list((tables / "reads").glob("date=*/batch_id=*"))  # the old layout is gone
     keys = Counter(props[IDEMPOTENCY_PROPERTY] for _, _, props in messages)
     assert keys == Counter(key(n) for n in (4, 5, 6))
     assert cloud.messages == messages

@@ -39,7 +39,7 @@ class ScriptedTables:
         self.cancelled = threading.Event()
         self.cond = threading.Condition()
 
-    def __call__(self, _session, _tables_dir):
+    def __call__(self, _session, _tables_dir, **_options):
         return self
 
     def cancel(self):

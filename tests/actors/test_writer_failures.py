@@ -41,10 +41,10 @@ class FailingTables:
         self.cond = threading.Condition()
         self.real = None
 
-    def __call__(self, session, tables_dir):
+    def __call__(self, session, tables_dir, **options):
         from spark.tables import TableWriter
 
-        self.real = TableWriter(session, tables_dir)
+        self.real = TableWriter(session, tables_dir, **options)
         return self
 
     def cancel(self):

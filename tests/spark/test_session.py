@@ -113,8 +113,8 @@ def test_a_session_is_rebuilt_in_the_same_process_after_its_jvm_died(own_session
 
 def test_starting_spark_logs_one_info_line_and_prints_only_warnings_on_stderr(own_session):
     started = re.findall(
-        r"^LOG spark\.session Spark session started: master local\[1\] in \d+\.\d s"
-        r"( \(class data archive [^)]+\))?$",
+        r"^LOG spark\.session Spark session started: master local\[1\] in \d+\.\d s, "
+        r"Delta Lake \d+\.\d+\.\d+( \(class data archive [^)]+\))?$",
         own_session["stdout"],
         flags=re.MULTILINE,
     )

@@ -52,6 +52,17 @@ def test_production_mode_without_an_environment_id_refuses_to_start(tmp_path):
     assert "source.environment_id" in result.stderr
 
 
+def test_landing_through_spark_without_the_delta_jars_refuses_to_start_naming_make(tmp_path):
+    conf = tmp_path / "spark.toml"
+    conf.write_text(f'[gateway]\ndata_dir = "{tmp_path / "data"}"\n[spark]\nlanding = "spark"\n')
+    result = fxgate(
+        "run", "--config", str(conf), env={"FXGATE_DELTA_JARS": str(tmp_path / "no-jars")}
+    )
+    assert result.returncode == 2
+    assert "not starting: Delta Lake jar(s) missing" in result.stderr
+    assert "delta-spark_4.2_2.13-4.4.0.jar" in result.stderr and "make deps" in result.stderr
+
+
 @pytest.mark.spark
 def test_sigterm_flushes_every_read_into_the_table_exits_0_and_leaves_no_process(
     mosquitto, daemon_factory, tmp_path

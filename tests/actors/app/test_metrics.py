@@ -169,23 +169,23 @@ def test_the_collector_exports_every_figure_of_the_snapshot(board):
     assert sample(registry, "fxgate_sink_lag_seconds", sink="upstream") == 42.0
 
 
-def test_compaction_passes_dates_and_the_last_pass_are_exported(board):
+def test_maintenance_passes_files_and_the_last_pass_are_exported(board):
     board.publish(snapshot())
     assert sample(build_registry(board), "fxgate_compaction_passes_total") is None
     report = {
         "passes": 3,
         "failed_passes": 1,
-        "dates_compacted": 7,
+        "files_compacted": 70,
+        "files_vacuumed": 65,
         "last_outcome": "compacted",
         "last_seconds": 12.5,
-        "dates_left_open": 2,
     }
     board.publish(snapshot(compaction=report))
     registry = build_registry(board)
     assert sample(registry, "fxgate_compaction_passes_total") == 3
     assert sample(registry, "fxgate_compaction_failed_passes_total") == 1
-    assert sample(registry, "fxgate_compaction_dates_total") == 7
-    assert sample(registry, "fxgate_compaction_dates_left_open") == 2
+    assert sample(registry, "fxgate_compaction_files_compacted_total") == 70
+    assert sample(registry, "fxgate_compaction_files_vacuumed_total") == 65
     assert sample(registry, "fxgate_compaction_last_pass_seconds") == 12.5
 
 
