@@ -55,7 +55,7 @@ import pykka
 
 from actors.backoff import Backoff
 from actors.clock import Clock, TimerHandle
-from actors.crashpoints import crash_point, crash_soon
+from actors.crashpoints import MAINTENANCE_CRASH_DELAY, crash_point, crash_soon
 from actors.listener import WriterListener
 from actors.messages import (
     BatchWritten,
@@ -149,7 +149,7 @@ class CompactionSchedule:
     interval: float = 300.0
     target_file_bytes: int = 128 * 1024 * 1024
     open_file_bytes: int = 16 * 1024 * 1024
-    vacuum_retention_hours: int = 24
+    vacuum_retention_hours: int = 1
     data_dir: Path | None = None  # where `fxgate compact` leaves its requests
 
 
@@ -536,7 +536,8 @@ class SparkWriterActor(pykka.ThreadingActor):
                 open_file_bytes=schedule.open_file_bytes,
                 vacuum_retention_hours=schedule.vacuum_retention_hours,
                 checkpoint=crash_point,
-                soon=functools.partial(crash_soon, delay=0.0),
+                soon=functools.partial(crash_soon, delay=MAINTENANCE_CRASH_DELAY),
+                properties=self._table_properties,
             )
         return SparkMaintainer(
             self._session,

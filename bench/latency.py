@@ -11,23 +11,24 @@ written by the publisher per message key; the rate each sample actually achieved
 next to the rate asked.
 
 "Visible" is measured from the outside, the way a reader of the table sees it: a watcher thread
-lists `<tables>/reads/date=*/batch_id=*` every `POLL_SECONDS`. Spark writes a batch under
-`reads/.spark-staging-<uuid>/` and its job commit renames each finished partition directory into
-place (spark/tables.py), so a `batch_id=N` directory that appears there is complete, and it is
-exactly what pyarrow and Spark readers see (both skip `.`/`_` paths; staging is never listed
-here). After the run the table is read back with pyarrow and every row is joined, by its
-`message_id` (`<key>:0`), with its message's publish time and with the moment its partition was
-first seen: latency = first seen - published. The watcher's time is taken right after the
-listing, so a latency is over-stated by at most one poll interval (the largest gap between two
-listings is reported). As a cross-check the ledger's `landed_time` (written when the batch is
-marked committed, just after the job) is joined the same way.
+follows the `reads` table's Delta log every `POLL_SECONDS` (delta-rs `update_incremental`, as a
+reader that keeps the table open does). A batch becomes visible all at once, when its commit
+enters the log (delta-rs creates the log entry atomically, only if it is absent; files written
+before their commit are in no snapshot, spark/tables.py), so for each data file a new commit adds
+the watcher notes the moment it first saw each `(date, batch_id)` in it (from the file's
+`batch_id` column). After the run the table is read back with delta-rs and every row is joined,
+by its `message_id` (`<key>:0`), with its message's publish time and with the moment its commit
+was first seen: latency = first seen - published. The watcher's time is taken right after it
+read the log, so a latency is over-stated by at most one poll interval (the largest gap between
+two reads of the log is reported). As a cross-check the ledger's `landed_time` (written when the
+batch is marked committed, just after its commits) is joined the same way.
 """
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
-import os
 import re
 import shutil
 import sqlite3
@@ -36,9 +37,12 @@ import threading
 import time
 from datetime import datetime
 from pathlib import Path
+from urllib.parse import unquote
 
 import numpy as np
-import pyarrow.dataset as ds
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from actors.config.schema import load_config
 from actors.devtools.simulate import reader_names
@@ -53,7 +57,7 @@ from bench.harness import (
     fxgate_env,
 )
 from bench.publisher import DEFAULT_WINDOW, TICK_SECONDS, PublisherProcesses
-from spark.tables import READS, read_table_arrow, table_path
+from spark.tables import BATCH_ID, DATE, READS, is_delta_table, read_table_arrow, table_path
 
 log = logging.getLogger(__name__)
 
@@ -97,15 +101,18 @@ def defaults(environ: dict[str, str] | None = None) -> dict:
 
 
 class TableWatcher:
-    """Lists a table's partition directories every `interval` s and remembers when each
-    `(date, batch_id)` partition first appeared, and how many rows it holds."""
+    """Follows a Delta table's log every `interval` s, as a reader that keeps the table open
+    does (delta-rs `update_incremental`), and remembers when each `(date, batch_id)` first
+    appeared in a commit, and how many rows it holds."""
 
     def __init__(self, table_dir: Path, interval: float = POLL_SECONDS) -> None:
         self._dir = Path(table_dir)
         self._interval = interval
         self.first_seen: dict[tuple[str, int], float] = {}
         self.rows: dict[tuple[str, int], int] = {}
-        self._uncounted: dict[tuple[str, int], str] = {}
+        self._table = None  # the open DeltaTable, once its first commit is there
+        self._version: int | None = None
+        self._files: set[str] = set()  # data files whose batches are counted
         self._changed = threading.Condition()
         self._stop = threading.Event()
         self._last_listing: float | None = None
@@ -121,6 +128,10 @@ class TableWatcher:
         self._stop.set()
         self._thread.join(10)
         self.scan()
+        # Let go of delta-rs now, not at interpreter exit (spark.tables.ArrowTableWriter.close
+        # says why).
+        self._table = None
+        gc.collect()
 
     def _run(self) -> None:
         while True:
@@ -128,42 +139,62 @@ class TableWatcher:
             if self._stop.wait(self._interval):
                 return
 
-    def scan(self) -> None:
-        found: dict[tuple[str, int], str] = {}
+    def _refresh(self) -> bool:
+        """Bring the open table up to its last commit; False while it has none yet."""
+        if self._table is not None:
+            self._table.update_incremental()
+            return True
+        from deltalake import DeltaTable
+        from deltalake.exceptions import TableNotFoundError
+
+        if not is_delta_table(self._dir):
+            return False
         try:
-            dates = [e for e in os.scandir(self._dir) if e.name.startswith("date=")]
-        except FileNotFoundError:
-            dates = []
-        for date in dates:
-            try:
-                for entry in os.scandir(date.path):
-                    if entry.name.startswith("batch_id="):
-                        key = (date.name[len("date=") :], int(entry.name[len("batch_id=") :]))
-                        if key not in self.first_seen:
-                            found[key] = entry.path
-            except FileNotFoundError:
-                continue  # a replay of that batch swaps the directory: seen on the next scan
-        # Taken after the listing: a partition seen now appeared at most one gap ago.
+            self._table = DeltaTable(str(self._dir))
+        except TableNotFoundError:
+            return False  # the log directory is there, its first commit not yet
+        return True
+
+    def scan(self) -> None:
+        from deltalake.exceptions import DeltaError
+
+        try:
+            exists = self._refresh()
+        except (DeltaError, OSError):
+            exists = False  # read the log again at the next scan
+        # Taken after reading the log: a commit seen now was made at most one gap ago.
         now = time.time()
+        found: dict[tuple[str, int], int] = {}
+        if exists and self._table.version() != self._version:
+            self._version = self._table.version()
+            actions = pa.table(self._table.get_add_actions(flatten=True))
+            for path, date in zip(
+                actions.column("path").to_pylist(),
+                actions.column(f"partition.{DATE}").to_pylist(),
+                strict=True,
+            ):
+                if path in self._files:
+                    continue
+                try:
+                    batches = pq.read_table(self._dir / unquote(path), columns=[BATCH_ID])
+                except OSError:
+                    self._version = None  # look again at the next scan
+                    continue
+                self._files.add(path)
+                # A compaction's file holds batches seen before: only new ones count.
+                for counted in pc.value_counts(batches.column(BATCH_ID)).to_pylist():
+                    key = (date, counted["values"])
+                    if key not in self.first_seen:
+                        found[key] = found.get(key, 0) + counted["counts"]
         with self._changed:
             if self._last_listing is not None:
                 self.max_gap = max(self.max_gap, now - self._last_listing)
             self._last_listing = now
             self.scans += 1
-            for key, path in found.items():
+            for key, rows in found.items():
                 self.first_seen[key] = now
-                self._uncounted[key] = path
-        counted = {}
-        for key, path in list(self._uncounted.items()):
-            try:
-                counted[key] = ds.dataset(path, format="parquet").count_rows()
-            except (OSError, ValueError):
-                pass  # replaced by a replay under our feet: count it on the next scan
-        with self._changed:
-            for key, rows in counted.items():
                 self.rows[key] = rows
-                self._uncounted.pop(key, None)
-            if found or counted:
+            if found:
                 self._changed.notify_all()
 
     def visible_rows(self) -> int:
@@ -171,8 +202,8 @@ class TableWatcher:
             return sum(self.rows.values())
 
     def wait_rows(self, rows: int, timeout: float, give_up=lambda: False) -> bool:
-        """Until the partitions seen hold at least `rows` rows (duplicates would count twice:
-        the exact check is `join`), or `give_up()` says the writer is gone."""
+        """Until the commits seen hold at least `rows` rows (the exact check, duplicates
+        included, is `join`), or `give_up()` says the writer is gone."""
         with self._changed:
             return self._changed.wait_for(
                 lambda: sum(self.rows.values()) >= rows or give_up(), timeout
@@ -396,7 +427,7 @@ def sample(
             publishers.go()
             summaries = publishers.wait_done()
             # The worker answers once every row has landed (or it gave up) and its gateway
-            # stopped, so the watcher has seen every partition by then.
+            # stopped, so the watcher has seen every commit by then.
             gateway.join(seconds + 400)
             # Only now do the publishers write their files: no CPU taken from the sample.
             keys, times = publishers.collect()
@@ -587,8 +618,8 @@ def run(ctx: Context) -> dict:
         "module": "bench.latency",
         "name": "latency",
         "title": "Latency: publish -> row visible in the `reads` table, QoS 1 single reads",
-        "metric": "seconds from the PUBLISH leaving the publisher to its row's partition "
-        "appearing in the Parquet `reads` table (p50 / p99 per sample; medians over samples)",
+        "metric": "seconds from the PUBLISH leaving the publisher to its row's commit "
+        "appearing in the Delta `reads` table's log (p50 / p99 per sample; medians over samples)",
         "unit": "s",
         "method": __doc__.split("\n\n", 2)[2].replace("\n", " ").strip(),
         "ceiling": top,

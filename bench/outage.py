@@ -16,14 +16,14 @@ One run:
    upstream's backlog, and the table's lag of live reads meanwhile; then a short tail.
 
 Measured from the outside: every message's publish time (when paho took it), the moment its
-`reads` partition appeared (a watcher lists `reads/date=*/batch_id=*` every 0.1 s; a partition
-that appears there is complete, bench.latency says why) and the moment its key first arrived at
-a subscriber on the upstream broker. Table lag = partition first seen - published (over-stated by
-at most one listing interval); the daemon's own view, `status.json` `ledger.lag.table
-.oldest_age_seconds` sampled every second, is reported next to it. The drain ends when the last
-message published before the upstream's return arrives upstream. Every second the bench also
-samples the RSS of the daemon's Python process and of its Spark JVM, the ledger's used bytes
-(`ledger.budget.used_bytes`) and its files' sizes.
+batch's commit appeared in the `reads` table's Delta log (a watcher follows the log every 0.1 s;
+bench.latency says how) and the moment its key first arrived at a subscriber on the upstream
+broker. Table lag = commit first seen - published (over-stated by at most one poll interval);
+the daemon's own view, `status.json` `ledger.lag.table.oldest_age_seconds` sampled every second,
+is reported next to it. The drain ends when the last message published before the upstream's
+return arrives upstream. Every second the bench also samples the RSS of the daemon's Python
+process and of its Spark JVM, the ledger's used bytes (`ledger.budget.used_bytes`) and its
+files' sizes.
 
 Side by side with today's behaviour where it applies: the same scenario with a 100-second outage
 runs against the code of commit OLD_COMMIT (a paused source and upstream-gated landing; DESIGN §2
@@ -567,7 +567,7 @@ def summarize(
     )
     phases = windows(marks)
 
-    # Table lag per read: partition first seen - published, by the phase it was published in.
+    # Table lag per read: commit first seen - published, by the phase it was published in.
     lags: dict[str, list[float]] = {phase: [] for phase in phases}
     for key, seen in visible_at.items():
         at = published_at[key]
@@ -855,10 +855,10 @@ def assemble(ctx: Context, runs: dict[str, dict], skipped: dict[str, str]) -> di
             "source_mosquitto": SOURCE_LIMITS,
             "upstream_max_backoff_seconds": UPSTREAM_MAX_BACKOFF,
             "scenarios": [asdict(s) for s in (QUICK if ctx.settings.quick else FULL)],
-            "table_lag": "per read: its reads/date=*/batch_id=* partition first listed (every "
-            f"{WATCH_SECONDS} s) - its publish time (when paho took it); by the phase it was "
-            "published in. `table_lag_status`: status.json ledger.lag.table.oldest_age_seconds, "
-            "sampled every second",
+            "table_lag": "per read: its batch's commit first seen in the reads table's Delta "
+            f"log (followed every {WATCH_SECONDS} s) - its publish time (when paho took it); by "
+            "the phase it was published in. `table_lag_status`: status.json "
+            "ledger.lag.table.oldest_age_seconds, sampled every second",
             "drain": "from the upstream's return (the proxy accepts again) until the last "
             "message published before it arrives at the upstream subscriber; rate = those "
             "messages / that time",

@@ -95,10 +95,12 @@ def _spark_parse(spark, tables_dir: str, batch_id: int, records: list) -> None:
         .mapInArrow(parse, schema)
         .drop("batch_id")
         .withColumn("batch_id", F.lit(batch_id).cast("long"))
-        .write.mode("overwrite")
-        .option("partitionOverwriteMode", "dynamic")
-        .partitionBy("date", "batch_id")
-        .parquet(f"{tables_dir}/reads")
+        .write.format("delta")
+        .mode("append")
+        .option("txnAppId", "fxgate-ledger-bench")
+        .option("txnVersion", batch_id)
+        .partitionBy("date")
+        .save(f"{tables_dir}/reads")
     )
 
 
@@ -116,7 +118,7 @@ def parse_where(ctx: Context) -> dict:
     samples: dict[str, dict[str, list[dict]]] = {}
     try:
         tables_dir = directory / "tables"
-        writer = TableWriter(session, tables_dir)
+        writer = TableWriter(session, tables_dir, "fxgate-ledger-bench")
         batch_id = 0
 
         def write_all(way: str, batches: list[list]) -> None:

@@ -14,8 +14,8 @@ visible), and started again as soon as the killed process has been reaped. Per k
     every `LEDGER_POLL_SECONDS`); the ledger sends the PUBACK right after that commit. The
     daemon's own log gives the moments it connected, had its Spark session ready and wrote its
     first batch (DESIGN: ingest must not wait for the JVM).
-(b) restart -> table caught up: the `reads` partitions are watched as in `bench.latency` (a
-    partition is visible once Spark's job commit renamed it into place) and, after the run,
+(b) restart -> table caught up: the `reads` table's Delta log is followed as in
+    `bench.latency` (a batch is visible once its commit is in the log) and, after the run,
     every row is joined with its message's publish time: caught up = the moment the last read
     published before the restart became visible; and back to steady = the moment the table was
     again within `STEADY_LAG_SECONDS` of the publisher (seen live).
@@ -479,7 +479,7 @@ def rows(result: dict) -> list[list[str]]:
         [
             "`recovery` → table",
             "same kills: spawn → every read published before the restart visible in the "
-            "Parquet `reads` table; the whole run checked for exactly once",
+            "Delta `reads` table; the whole run checked for exactly once",
             "—",
             f"{result['caught_up_seconds_median']:.1f} s; {once['published']:,} published: "
             f"{once['missing']} missing / {once['duplicates']} dup",

@@ -19,6 +19,7 @@ MODULES = (
     "bench.outage",
     "bench.loss",
     "bench.compaction",
+    "bench.delta_log",
     "bench.start",
     "bench.parse_where",
 )

@@ -9,10 +9,10 @@ source connection, the JVM and the session), and the JVM's own part as the "Spar
 started: ... in N s" line states it.
 Target: the archive makes spawn -> Spark ready at least 30 % faster (ratio <= 0.7).
 
-`landing = "spark"`: with the default pyarrow landing the daemon starts no JVM until a compaction
-pass has a date to rewrite (actors/writer.py), so "spark writer ready" would not wait for one.
-Landing through Spark starts the session with the daemon, as every daemon did when this target
-was set; the JVM's start measured here is the one a compaction pass pays too.
+`landing = "spark"`: with the default pyarrow landing the daemon starts no JVM at all (delta-rs
+commits the batches and maintains the tables, actors/writer.py), so "spark writer ready" would
+not wait for one. Landing through Spark starts the session with the daemon, as every daemon did
+when this target was set.
 """
 
 from __future__ import annotations

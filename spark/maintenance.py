@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 TARGET_FILE_BYTES = 128 * 1024 * 1024
 # The open date's files: small enough that a pass every few minutes rewrites little.
 OPEN_FILE_BYTES = 16 * 1024 * 1024
-DEFAULT_VACUUM_RETENTION_HOURS = 24
+DEFAULT_VACUUM_RETENTION_HOURS = 1
 
 # Crash points (actors/crashpoints.py names them; this module only calls `checkpoint` and
 # `soon`: the latter arms a kill a moment after an operation starts, to land inside it).
@@ -110,6 +110,7 @@ class DeltaMaintainer:
         checkpoint: Callable[[str], None] = _no_crash,
         soon: Callable[[str], object] = _no_timer,
         tables: Iterable[str] = TABLES,
+        properties: Mapping[str, str] | None = None,
     ) -> None:
         local = local_path(tables_dir)
         if local is None:
@@ -121,6 +122,10 @@ class DeltaMaintainer:
         self._checkpoint = checkpoint
         self._soon = soon
         self._tables = tuple(tables)
+        # The table properties the settings give (spark.tables.table_properties): a table made
+        # under other settings is brought in line first, so that its checkpoints drop a removed
+        # file's record when VACUUM deletes the file, and not a day later.
+        self._properties = dict(properties or {})
 
     def run(self, now: float) -> PassResult:
         """Compact, vacuum and checkpoint every table that exists; `now` is wall time (the
@@ -138,6 +143,7 @@ class DeltaMaintainer:
         from deltalake import DeltaTable
 
         table = DeltaTable(path)
+        _align_properties(table, self._properties)
         removed = added = 0
         timer = self._soon(INSIDE_OPTIMIZE)
         try:
@@ -207,6 +213,15 @@ class SparkMaintainer:
                 )
             )
         return PassResult(tuple(done), time.perf_counter() - started)
+
+
+def _align_properties(table, wanted: Mapping[str, str]) -> None:
+    current = table.metadata().configuration
+    changed = {key: value for key, value in wanted.items() if current.get(key) != value}
+    if changed:
+        table.alter.set_table_properties(changed)
+        table.update_incremental()
+        logger.info("Delta table %s: properties set: %s", table.table_uri, changed)
 
 
 def _cancel(timer) -> None:

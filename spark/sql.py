@@ -1,11 +1,12 @@
 """`fxgate sql`: Spark SQL over the gateway's tables, each one a temporary view of its name.
 
-Every table of `TABLES` is registered, read the way `spark.tables.read_table` reads it: with
-`mergeSchema` (DESIGN §7.7: partitions written before a column was added read as null in it,
-until compaction rewrites them) and the partition columns typed as written (`date` a string,
-`batch_id` a long). A table that has no data yet, or no directory, is an empty view with its
-full schema, so a query is checked against the columns it will have. Any other table directory
-found under a local tables directory (a name starting with a letter) is registered as well.
+Every table of `TABLES` is registered, read the way `spark.tables.read_table` reads it: one
+snapshot of the Delta table (schema changes are additive, so rows landed before a column was
+added read as null in it; `date` a string, `batch_id` a long), taking no lock of ours. A table
+that has no Delta log yet is an empty view with its full schema, so a query is checked against
+the columns it will have. Any other Delta table found under a local tables directory (a name
+starting with a letter) is registered as well; a directory that is no Delta table is left out,
+with a note.
 
 It only reads. A statement runs when Spark's parser takes it as a query (`SELECT`, `WITH`, `VALUES`,
 `TABLE`, `FROM ... SELECT`: `parseQuery`, the grammar's own rule for them) or parses to one of the
@@ -48,7 +49,15 @@ from spark.schema import (
     READER_EVENTS_SCHEMA,
     READS_SCHEMA,
 )
-from spark.tables import DEAD_LETTERS, EVENTS, READER_EVENTS, READS, read_table
+from spark.tables import (
+    DEAD_LETTERS,
+    EVENTS,
+    READER_EVENTS,
+    READS,
+    is_delta_table,
+    read_table,
+    table_path,
+)
 
 # The tables the gateway writes, with the schema an empty one is registered with.
 TABLES: Mapping[str, pa.Schema] = {
@@ -144,7 +153,11 @@ def register_tables(session: SparkSession, tables_dir: Location) -> dict[str, st
     directory must not stop every query; a gateway table that cannot be read raises
     CannotQuery."""
     skipped: dict[str, str] = {}
+    local = local_path(tables_dir)
     for name in table_names(tables_dir):
+        if name not in TABLES and local is not None and not is_delta_table(table_path(local, name)):
+            skipped[name] = "no Delta table there (no _delta_log)"
+            continue
         try:
             df = read_table(session, tables_dir, name, TABLES.get(name))
         except (PySparkException, Py4JJavaError) as error:

@@ -103,8 +103,8 @@ def is_delta_table(path: Location) -> bool:
 
 def table_properties(
     checkpoint_interval: int = 100,
-    log_retention_hours: float = 48.0,
-    deleted_file_retention_hours: float = 24.0,
+    log_retention_hours: float = 1.0,
+    deleted_file_retention_hours: float = 1.0,
 ) -> dict[str, str]:
     """Delta table properties fxgate sets on its tables (spark/maintenance.py says why each).
 
@@ -210,11 +210,16 @@ def _write_tables(
     started = time.perf_counter()
     written: dict[str, int] = {}
     skipped: list[str] = []
+    committed = False  # a table before this one took the batch
     for name, (path, table) in prepared.items():
-        if written:
-            checkpoint(BETWEEN_TABLES)
         written[name] = table.num_rows
-        if table.num_rows and not append(name, path, table):
+        if not table.num_rows:
+            continue
+        if committed:
+            checkpoint(BETWEEN_TABLES)
+        if append(name, path, table):
+            committed = True
+        else:
             skipped.append(name)
     logger.info(
         "Batch %s written in %.2f s: %s%s",
@@ -315,6 +320,7 @@ class ArrowTableWriter:
         batch_id = int(table.column(BATCH_ID)[0].as_py())
         if done is not None and done >= batch_id:
             return False
+        table = _as_table_types(delta, table)
         add_new_columns(delta, table.schema)
         adds = _write_files(Path(path), table)
         self._checkpoint(LANDED_NOT_COMMITTED)
@@ -328,6 +334,26 @@ class ArrowTableWriter:
             ),
         )
         return True
+
+
+def _as_table_types(delta, table: pa.Table) -> pa.Table:
+    """`table` with each column the Delta table has already cast to the table's type (an int32
+    batch column into a long one); a column that does not cast safely is refused before any file
+    is written, since files of another type would make the table unreadable to every reader."""
+    have = {field.name: field.type for field in pa.schema(delta.schema())}
+    for index, field in enumerate(table.schema):
+        kind = have.get(field.name)
+        if kind is None or kind == field.type:
+            continue
+        try:
+            column = table.column(index).cast(kind, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+            raise ValueError(
+                f"column {field.name!r} is {kind} in the table, and this batch's {field.type} "
+                f"does not convert: {error}"
+            ) from None
+        table = table.set_column(index, pa.field(field.name, kind, nullable=True), column)
+    return table
 
 
 def add_new_columns(delta, schema: pa.Schema) -> None:

@@ -16,7 +16,13 @@ import time
 from pathlib import Path
 
 from actors.config.schema import Config
-from actors.crashpoints import CrashPointError, arm_from_environ, crash_point, crash_soon
+from actors.crashpoints import (
+    MAINTENANCE_CRASH_DELAY,
+    CrashPointError,
+    arm_from_environ,
+    crash_point,
+    crash_soon,
+)
 from persistence.compaction_request import write_compaction_request
 from spark.location import local_path
 
@@ -60,7 +66,8 @@ def compact_tables(config: Config) -> str:
             open_file_bytes=config.compaction.open_file_mb * 1024 * 1024,
             vacuum_retention_hours=config.compaction.vacuum_retention_hours,
             checkpoint=crash_point,
-            soon=lambda name: crash_soon(name, delay=0.0),
+            soon=lambda name: crash_soon(name, delay=MAINTENANCE_CRASH_DELAY),
+            properties=config.compaction.table_properties(),
         ).run(time.time())
     finally:
         lock.release()

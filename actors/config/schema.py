@@ -536,14 +536,19 @@ class CompactionConfig(_Section):
     open_file_mb: int = Field(16, ge=1)
     # Files a compaction replaced (and files of a write killed before its commit) are deleted
     # by VACUUM once this old: a reader that opened the table before the pass has this long to
-    # finish. Also the tables' `delta.deletedFileRetentionDuration`.
-    vacuum_retention_hours: int = Field(24, ge=0)
+    # finish (a read whose files went fails with a missing file, never with a short answer).
+    # Also the tables' `delta.deletedFileRetentionDuration`: every checkpoint carries the
+    # removed files this long (a day of them is about 54,000 entries in each checkpoint).
+    vacuum_retention_hours: int = Field(1, ge=0)
     # A Delta checkpoint every this many commits: opening a table reads the last checkpoint
     # and at most this many JSON commits (`delta.checkpointInterval`).
     checkpoint_interval: int = Field(100, ge=1)
     # Log entries older than this go at a checkpoint (`delta.logRetentionDuration`): a table
-    # committing every second keeps a log of bounded size. Also how far back time travel goes.
-    log_retention_hours: float = Field(48.0, gt=0)
+    # committing every second keeps a log of bounded size. delta-rs lists the whole log
+    # directory to open or update a table, before every append (2-4 us an entry measured here:
+    # a 48 h log at one commit a second, 108,000 entries, would cost about 0.2-0.3 s per
+    # append), so keep it short. Also how far back time travel goes.
+    log_retention_hours: float = Field(1.0, gt=0)
 
     def table_properties(self) -> dict[str, str]:
         """The Delta table properties these settings give (spark.tables.table_properties)."""

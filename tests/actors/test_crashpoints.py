@@ -1,15 +1,20 @@
 """SIGKILL at every named crash point, at QoS 1 and QoS 2: nothing lost, nothing doubled."""
 
+import sqlite3
 import subprocess
 import sys
 import threading
+from collections import Counter
 from pathlib import Path
 
 import pytest
+from deltalake import DeltaTable
 
 from actors import crashpoints
 from actors.devtools.simulate import expected_read_ids, simulate
+from persistence.compaction_request import write_compaction_request
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
+from spark.tables import READER_EVENTS, READS, application_id, read_table_arrow
 from tests.harness.checks import wait_until_landed
 from tests.harness.daemon import gateway_env
 from tests.harness.mqtt import publish_all
@@ -37,26 +42,69 @@ def test_a_crash_point_counts_its_hits_before_it_fires(monkeypatch):
         crashpoints.arm(None)
 
 
-# The daemon writes batches with pyarrow by default ([spark] landing = "auto"); the points of a
-# Spark job's write are reached with landing = "spark".
+# The daemon writes batches with pyarrow and delta-rs by default ([spark] landing = "auto"); the
+# points of a Spark job's write are reached with landing = "spark".
 SPARK_JOBS = {"FXGATE__SPARK__LANDING": "spark"}
 # Groups of at most 20 messages: 600 reads then make at least 30 commits however the broker paces
 # its deliveries (mosquitto 2.0.11 sends past our Receive Maximum while it drains a queued
 # session, and a group may take up to 200 by default: 600 reads could be 3 commits).
 SMALL_GROUPS = {"FXGATE__LEDGER__GROUP_COMMIT_MAX_MESSAGES": "20"}
+# Batches of one pack (at most 50 messages): 600 reads make a dozen batches and as many files.
+SMALL_BATCHES = {"FXGATE__SPARK__BATCH_MAX_ROWS": "50"}
+# Management events beside the reads: a batch then commits to two tables, `reads` and
+# `reader_events`, one after the other.
+MANAGEMENT = {**SMALL_BATCHES, "FXGATE__SOURCE__MANAGEMENT_TOPICS": '["zebra/fx/+/mgmt"]'}
+# The maintenance points: no scheduled pass (it could come before the reads table has a file,
+# and a point is reached once per table); a pass asked for by `fxgate compact`'s request once
+# batch 3 is written, while the rest still land, over a reads table of two files or more (it is
+# the first table a pass takes). The replaced files are vacuumed at once. Only the doomed daemon
+# runs so: the survivor has the default schedule, and a reader of the table could lose a file
+# it had listed to a vacuum of 0 hours.
+MAINTAINED = {
+    **SMALL_BATCHES,
+    "FXGATE__COMPACTION__START_DELAY_SECONDS": "3600",
+    "FXGATE__COMPACTION__VACUUM_RETENTION_HOURS": "0",
+}
 CASES = [
     ("after_ledger_commit_before_ack", 1, "5", SMALL_GROUPS),
     ("after_ledger_commit_before_ack", 2, "5", SMALL_GROUPS),
     ("after_pubrec_before_pubrel", 2, "40", {}),
     ("after_batch_begin_before_job", 1, "1", {}),
     ("after_batch_begin_before_job", 2, "1", {}),
-    ("landing_after_write_before_swap", 1, "1", {}),
-    ("landing_after_write_before_swap", 2, "1", {}),
+    ("landing_after_write_before_commit", 1, "1", {}),
+    ("landing_after_write_before_commit", 2, "1", {}),
+    # Reached between each two of a batch's four tables, empty or not: the 4th time is after
+    # `reads` in the second batch (the first may hold the start's life-cycle events only).
+    ("landing_between_tables", 1, "4", MANAGEMENT),
     ("after_spark_job_before_mark", 1, "1", {}),
+    ("maintenance_inside_optimize", 1, "1", MAINTAINED),
+    ("maintenance_after_optimize_before_vacuum", 1, "1", MAINTAINED),
+    ("maintenance_inside_vacuum", 1, "1", MAINTAINED),
     ("mid_spark_job", 1, "1", SPARK_JOBS),
     ("mid_spark_job", 2, "1", SPARK_JOBS),
     ("after_spark_job_before_mark", 2, "1", SPARK_JOBS),
 ]
+
+
+def killed_batch(data: Path) -> tuple[str, int, set[str]]:
+    """The ledger's gateway id, the oldest batch it began and has not committed (the next may
+    be begun already, in the parse worker) and the last topic level of that batch's messages."""
+    with sqlite3.connect(data / "ledger.sqlite") as conn:
+        (gateway,) = conn.execute("SELECT value FROM identity WHERE name = 'gateway_id'").fetchone()
+        (batch,) = conn.execute(
+            "SELECT min(batch_id) FROM batches WHERE state = 'writing'"
+        ).fetchone()
+        topics = conn.execute("SELECT DISTINCT topic FROM inbound WHERE batch_id = ?", (batch,))
+        kinds = {topic.rsplit("/", 1)[-1] for (topic,) in topics}
+    return gateway, batch, kinds
+
+
+def batch_in(tables: Path, name: str, app_id: str) -> int:
+    """The last batch of `app_id` that table `name` has (0: none, or no table)."""
+    path = tables / name
+    if not (path / "_delta_log").is_dir():
+        return 0
+    return DeltaTable(str(path)).transaction_version(app_id) or 0
 
 
 @pytest.mark.broker
@@ -70,12 +118,25 @@ def test_a_kill_at_a_named_crash_point_loses_and_doubles_nothing(
     point, qos, hit, extra, mosquitto, daemon_factory, spark_session, tmp_path
 ):
     data = tmp_path / "data"
-    env = {**gateway_env(mosquitto, data), **extra}
-    doomed = daemon_factory({**env, "FXGATE_CRASH_AT": f"{point}:{hit}"})
+    tables = data / "tables"
+    env = {**gateway_env(mosquitto, data), **({} if extra is MAINTAINED else extra)}
+    doomed = daemon_factory({**env, **extra, "FXGATE_CRASH_AT": f"{point}:{hit}"})
     doomed.wait_for_log(r"source: subscribed", timeout=60)
-    published = simulate(mosquitto.host, mosquitto.port, readers=2, rate=0, count=300, qos=qos)
+    management = {"gpi_every": 10} if extra is MANAGEMENT else {}
+    # The maintenance cases publish in two parts, the pass asked for in between.
+    first = 100 if extra is MAINTAINED else 300
+    published = simulate(
+        mosquitto.host, mosquitto.port, readers=2, rate=0, count=first, qos=qos, **management
+    )
     assert published.failed == 0
-    expected = expected_read_ids(published.published)
+    records = list(published.published)
+    if extra is MAINTAINED:
+        doomed.wait_for_log(r"batch 3 written", timeout=120)
+        write_compaction_request(data)
+        rest = simulate(mosquitto.host, mosquitto.port, 2, 0, count=200, qos=qos, seed=1)
+        assert rest.failed == 0
+        records += rest.published
+    expected = expected_read_ids(records)
 
     try:
         status = doomed.proc.wait(180)
@@ -84,17 +145,37 @@ def test_a_kill_at_a_named_crash_point_loses_and_doubles_nothing(
     assert status == -9, doomed.output()
     assert doomed.count_logs(f"crash point {point} reached") == 1
     assert doomed.alive_spawned() == []
+    # What the kill left is a Delta snapshot: a half-written batch or a half-done pass shows
+    # no row twice and none that was not published.
+    ids, _ = landed_ids_arrow(tables)
+    assert not compare(expected, ids).duplicates and not compare(expected, ids).unexpected
+    if point == "landing_between_tables":
+        # A batch of reads and management events is in `reads`, not in `reader_events`, and
+        # the ledger has it open.
+        gateway, batch, kinds = killed_batch(data)
+        assert {"reads", "mgmt"} <= kinds, (batch, kinds)
+        app_id = application_id(gateway)
+        assert batch_in(tables, READS, app_id) == batch
+        assert batch_in(tables, READER_EVENTS, app_id) < batch
+    if point in ("maintenance_after_optimize_before_vacuum", "maintenance_inside_vacuum"):
+        # The pass died on the reads table after compacting its files.
+        history = DeltaTable(str(tables / READS)).history()
+        assert "OPTIMIZE" in [commit["operation"] for commit in history]
 
     survivor = daemon_factory(env)
     wait_until_landed(survivor, data, len(expected))
     assert survivor.terminate() == 0
 
-    ids, readers = landed_ids_arrow(data / "tables")
+    ids, readers = landed_ids_arrow(tables)
     assert compare(expected, ids).exact, compare(expected, ids).lines()
-    ids, readers = landed_ids_spark(spark_session, data / "tables")
+    ids, readers = landed_ids_spark(spark_session, tables)
     result = compare(expected, ids, readers)
     assert result.exact, result.lines()
     assert result.per_reader == {"fx9600-01": 300, "fx9600-02": 300}
+    if extra is MANAGEMENT:
+        # Each management event once too: the replay skipped the table that had its batch.
+        events = read_table_arrow(tables, READER_EVENTS).column("message_key").to_pylist()
+        assert Counter(events) == Counter(r.message_key for r in published.management)
 
 
 class LineWatcher:

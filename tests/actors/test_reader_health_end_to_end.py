@@ -20,7 +20,7 @@ from actors.app.status import collect_status
 from actors.config.schema import load_config
 from actors.devtools.simulate import simulate
 from spark.audit import audit_tables
-from spark.tables import DEAD_LETTERS, READER_EVENTS, READS, read_table_arrow
+from spark.tables import DEAD_LETTERS, READER_EVENTS, READS, read_table, read_table_arrow
 from tests.harness.checks import settled, wait_until_landed
 from tests.harness.daemon import gateway_env
 
@@ -106,7 +106,7 @@ def test_reader_events_land_once_through_a_kill_after_the_spark_job_and_the_batc
     assert sorted(keys) == sorted(r.message_key for r in result.management)  # each once
     assert {row["reader_id"] for row in rows} == set(READERS)
     assert sorted({row["type"] for row in rows}) == ["gpi", "heartbeat"]
-    through_spark = spark_session.read.parquet(str(data / "tables" / "reader_events"))
+    through_spark = read_table(spark_session, data / "tables", READER_EVENTS)
     assert through_spark.count() == len(result.management)
     assert through_spark.select("message_key").distinct().count() == len(result.management)
     assert read_table_arrow(data / "tables", READS).num_rows == 120

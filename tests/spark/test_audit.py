@@ -1,6 +1,6 @@
-"""`fxgate audit` over real Parquet tables written the daemon's way (build_batch + TableWriter),
+"""`fxgate audit` over real Delta tables written the daemon's way (build_batch + TableWriter),
 through the shared Spark session: ranges, resets, duplicates, several tables directories, and
-partitions written before the `seq` column."""
+batches written before the `seq` column."""
 
 from __future__ import annotations
 
@@ -15,9 +15,11 @@ from persistence.keys import message_key
 from spark.audit import AuditError, AuditReport, audit_tables
 from spark.gaps import missing_ranges, split_epochs
 from spark.schema import build_batch
-from spark.tables import READER_EVENTS, READS, TableWriter
+from spark.tables import READER_EVENTS, READS, ArrowTableWriter, TableWriter, count_rows
 
 pytestmark = pytest.mark.spark
+
+APP = "fxgate-ledger-test"
 
 # 2026-11-21T10:00:00Z: received times count up from here, one millisecond per message.
 T0 = 1_795_255_200.0
@@ -77,9 +79,9 @@ def records(events: list[Event], first_seq: int = 1, times: list[float] | None =
 
 def write(spark_session, tables: Path, batch_id: int, rows, drop_seq: bool = False) -> None:
     reads = build_batch(rows, batch_id).reads
-    if drop_seq:  # as a partition written before the seq column existed
+    if drop_seq:  # as a batch written before the seq column existed
         reads = reads.drop_columns(["seq"])
-    TableWriter(spark_session, tables).write_batch(batch_id, {READS: reads})
+    TableWriter(spark_session, tables, APP).write_batch(batch_id, {READS: reads})
 
 
 def stream(reader: str, numbers) -> list[Event]:
@@ -260,17 +262,17 @@ def test_within_one_gateway_the_ledger_seq_orders_reads_not_the_clock(spark_sess
     assert reader.missing == ()
 
 
-def test_partitions_written_before_the_seq_column_still_audit_ordered_by_receive_time(
+def test_batches_written_before_the_seq_column_still_audit_ordered_by_receive_time(
     spark_session, tmp_path
 ):
-    # Old partitions (no seq column), ordered by received_time only: 1000, 1001, then a reset.
+    # Old batches (no seq column), ordered by received_time only: 1000, 1001, then a reset.
     old = stream("fx-a", [1, 2, 1001, 1000])
     old_times = [T0 + 4, T0 + 5, T0 + 2, T0 + 1]
     write(spark_session, tmp_path, 1, records(old, times=old_times), drop_seq=True)
     alone = audit_tables(spark_session, [tmp_path]).readers["fx-a"]
     assert (alone.resets, alone.missing) == (1, ())
 
-    # Newer partitions carry seq and follow the old ones.
+    # Newer batches carry seq and follow the old ones.
     new = stream("fx-a", [3, 4, 6])
     write(spark_session, tmp_path, 2, records(new, first_seq=1, times=[T0, T0, T0]))
     mixed = audit_tables(spark_session, [tmp_path]).readers["fx-a"]
@@ -320,7 +322,17 @@ def test_random_streams_audit_exactly_as_the_pure_rules_say(spark_session, tmp_p
 
 
 def test_an_existing_but_empty_reads_table_audits_to_no_readers(spark_session, tmp_path):
-    (tmp_path / READS).mkdir()
+    # A first batch killed before its commit leaves the table made, with its schema, no rows.
+    def killed(name: str) -> None:
+        raise RuntimeError(f"killed at {name}")
+
+    reads = build_batch(records(stream("fx-a", [1, 2])), 1).reads
+    with pytest.raises(RuntimeError, match="killed at"):
+        ArrowTableWriter(spark_session, tmp_path, APP, checkpoint=killed).write_batch(
+            1, {READS: reads}
+        )
+    assert count_rows(tmp_path, READS) == 0
+
     report = audit_tables(spark_session, [tmp_path])
     assert report == AuditReport((str(tmp_path),))
     assert report.complete
@@ -334,13 +346,16 @@ def test_a_missing_directory_or_a_directory_without_reads_cannot_be_audited(
         audit_tables(spark_session, [tmp_path / "nowhere"])
     with pytest.raises(AuditError, match="holds no reads table"):
         audit_tables(spark_session, [tmp_path])
+    (tmp_path / READS).mkdir()  # a directory, but no Delta log: not a table
+    with pytest.raises(AuditError, match="no Delta log there"):
+        audit_tables(spark_session, [tmp_path])
 
 
 def test_a_table_without_the_reads_columns_cannot_be_audited(spark_session, tmp_path):
     import pyarrow as pa
 
     other = pa.table({"x": pa.array([1], pa.int64()), "date": pa.array(["2026-11-21"])})
-    TableWriter(spark_session, tmp_path).write_batch(1, {READS: other})
+    TableWriter(spark_session, tmp_path, APP).write_batch(1, {READS: other})
     with pytest.raises(AuditError, match="not a reads table: no column event_num"):
         audit_tables(spark_session, [tmp_path])
 
@@ -368,7 +383,7 @@ def test_a_number_in_reader_events_is_present_and_only_a_number_in_neither_is_mi
     rows += records(stream("fx-a", [8]), first_seq=8)
     batch = build_batch(rows, 1)
     assert batch.reader_events.num_rows == 2
-    TableWriter(spark_session, tmp_path).write_batch(
+    TableWriter(spark_session, tmp_path, APP).write_batch(
         1, {READS: batch.reads, READER_EVENTS: batch.reader_events}
     )
 

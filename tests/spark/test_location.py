@@ -15,6 +15,7 @@ from spark.location import local_path, parse_location, spark_uri
 from spark.tables import READS, TablesNotReadable, TableWriter, read_table, read_table_arrow
 
 ENV = {"MQTT_ENVIRONMENT_ID": "test"}
+APP = "fxgate-ledger-test"
 
 
 def config_with(tables_dir: str, data: Path):
@@ -103,7 +104,9 @@ def test_a_local_path_is_written_locally_even_when_the_default_file_system_is_el
     before = hadoop.get("fs.defaultFS")
     hadoop.set("fs.defaultFS", "hdfs://127.0.0.1:9/")
     try:
-        TableWriter(spark_session, tmp_path / "tables").write_batch(1, {READS: day_rows([1, 2])})
+        TableWriter(spark_session, tmp_path / "tables", APP).write_batch(
+            1, {READS: day_rows([1, 2])}
+        )
         through_spark = read_table(spark_session, tmp_path / "tables", READS).count()
     finally:
         hadoop.set("fs.defaultFS", before)
@@ -116,7 +119,7 @@ def test_a_table_written_through_a_file_uri_reads_the_same_by_uri_and_by_path(
     spark_session, tmp_path
 ):
     uri = f"file://{tmp_path}/lake"
-    TableWriter(spark_session, uri).write_batch(4, {READS: day_rows([7, 8, 9])})
+    TableWriter(spark_session, uri, APP).write_batch(4, {READS: day_rows([7, 8, 9])})
     by_path = read_table_arrow(tmp_path / "lake", READS)
     by_uri = read_table_arrow(uri, READS)
     assert by_uri.equals(by_path)
@@ -139,6 +142,6 @@ def test_status_says_the_tables_are_not_counted_when_they_live_on_a_cluster(tmp_
 
 @pytest.mark.spark
 def test_status_counts_tables_given_by_a_file_uri(spark_session, tmp_path):
-    TableWriter(spark_session, tmp_path / "t").write_batch(1, {READS: day_rows([1, 2, 3])})
+    TableWriter(spark_session, tmp_path / "t", APP).write_batch(1, {READS: day_rows([1, 2, 3])})
     report = collect_status(config_with(f"file://{tmp_path}/t", tmp_path / "data"))
     assert report["tables"] == {"reads": 3, "dead_letters": 0}

@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import unquote
 
 import pytest
+from deltalake import DeltaTable
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -19,6 +20,7 @@ from spark.tables import DEAD_LETTERS, EVENTS, READS, TableWriter, read_table_ar
 from spark.topics import MAX_SAFE_NAME_BYTES, reader_id_from_topic, safe_reader_id, topic_problem
 from spark.zebra import INVALID_TOPIC, OVERSIZED
 
+APP = "fxgate-ledger-test"
 RECEIVED = datetime(2026, 11, 21, 12, 0, tzinfo=UTC).timestamp()
 EVENT = {
     "data": {"idHex": "e28011606000020a1b2c3d4e", "antenna": 1, "eventNum": 7},
@@ -291,7 +293,7 @@ def test_a_well_formed_life_cycle_event_still_lands_in_the_events_table():
 
 
 @pytest.mark.spark
-def test_hostile_topics_and_readers_write_files_only_under_the_date_and_batch_partitions(
+def test_hostile_topics_and_readers_write_files_only_under_the_tables_date_partitions_and_logs(
     spark_session, tmp_path
 ):
     tables = tmp_path / "tables"
@@ -308,7 +310,7 @@ def test_hostile_topics_and_readers_write_files_only_under_the_date_and_batch_pa
     ]
     records = [record(t) for t in topics] + [record(t, b"\xff not utf-8") for t in topics]
     batch = build_batch(records, batch_id=5)
-    TableWriter(spark_session, tables).write_batch(
+    TableWriter(spark_session, tables, APP).write_batch(
         5, {READS: batch.reads, DEAD_LETTERS: batch.dead_letters, EVENTS: batch.events}
     )
 
@@ -316,13 +318,22 @@ def test_hostile_topics_and_readers_write_files_only_under_the_date_and_batch_pa
         Path(root, name).relative_to(tables).as_posix()
         for root, _dirs, names in os.walk(tables)
         for name in names
-        if not name.startswith((".", "_"))
+        if not name.startswith(".")  # Hadoop's checksum files sit beside each file
     ]
-    assert files
-    layout = re.compile(r"(reads|dead_letters)/date=2026-11-2[01]/batch_id=5/part-[^/]+\.parquet")
-    assert all(layout.fullmatch(f) for f in files), files
+    data = [f for f in files if "/_delta_log/" not in f]
+    layout = re.compile(r"(reads|dead_letters)/date=2026-11-2[01]/part-[^/]+\.parquet")
+    assert data and all(layout.fullmatch(f) for f in data), data
+    log = re.compile(r"(reads|dead_letters)/_delta_log/\d{20}\.(json|crc)")
+    assert all(log.fullmatch(f) for f in files if f not in data), files
     for entry in tmp_path.iterdir():
         assert entry.name == "tables"
+    # Each data file is one the log lists: nothing was written beside the tables' snapshots.
+    for name in (READS, DEAD_LETTERS):
+        listed = {
+            Path(uri).relative_to(tables).as_posix()
+            for uri in DeltaTable(tables / name).file_uris()
+        }
+        assert listed == {f for f in data if f.startswith(f"{name}/")}
 
     reads = read_table_arrow(tables, READS).to_pylist()
     assert sorted(r["topic"] for r in reads) == sorted(topics[:-1])

@@ -26,6 +26,7 @@ from spark.zebra import PayloadError, parse_payload
 from tests.spark.test_sanitise import Record
 from tests.spark.test_zebra_fuzz import ANY_TEXT, COMPLETE_EVENTS, JSON_VALUES
 
+APP = "fxgate-ledger-test"
 TOPIC = "zebra/fx/fx9600-01/reads"
 WHEN = "2026-11-21T10:00:00.123+0000"
 EVENT_TIME = datetime(2026, 11, 21, 10, 0, 0, 123000, tzinfo=UTC)
@@ -309,7 +310,7 @@ def batch():
 def tables_dir(spark_session, tmp_path_factory, batch):
     """All shapes landed once, by the writer the daemon uses (one Spark job for the module)."""
     tables = tmp_path_factory.mktemp("reader-modes")
-    assert TableWriter(spark_session, tables).write_batch(7, {READS: batch.reads}) == {
+    assert TableWriter(spark_session, tables, APP).write_batch(7, {READS: batch.reads}) == {
         READS: sum(len(rows) for _, rows in SHAPES.values())
     }
     return tables

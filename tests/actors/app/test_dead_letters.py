@@ -1,20 +1,28 @@
 import json
 from collections import Counter
 
-import pyarrow.dataset as ds
+import pytest
 from click.testing import CliRunner
 
 from actors.app.cli import main
 from actors.ledger import LedgerRecord
 from persistence.replay import pending_requests, read_request
 from spark.schema import build_batch
-from spark.tables import DEAD_LETTERS, PARTITION_SCHEMA, table_path
+from spark.tables import DEAD_LETTERS, ArrowTableWriter, application_id
+from spark.writer_lock import WriterLock
 
 TOPIC = "zebra/fx/fx9600-01/reads"
+APP_ID = application_id("dead-letters-test")
 
 
 def write_dead_letters(
-    tables_dir, batch_id, payloads, received=1_800_000_000.0, topic=TOPIC, upstream_reason=None
+    tables_dir,
+    batch_id,
+    payloads,
+    received=1_800_000_000.0,
+    topic=TOPIC,
+    upstream_reason=None,
+    **writer_options,
 ):
     """Dead letters of `payloads` as the writer lands them: the parser's (table), or with
     `upstream_reason` the upstream dead letters the ledger adds when forwarding gave up."""
@@ -33,14 +41,9 @@ def write_dead_letters(
         for i, payload in enumerate(payloads)
     ]
     dead = build_batch(records, batch_id).dead_letters
-    # The layout Spark writes (hive partitions by date and batch_id), read back by the command.
-    ds.write_dataset(
-        dead,
-        table_path(tables_dir, DEAD_LETTERS),
-        format="parquet",
-        partitioning=ds.partitioning(PARTITION_SCHEMA, flavor="hive"),
-        basename_template=f"part-{batch_id}-{{i}}.parquet",
-        existing_data_behavior="overwrite_or_ignore",
+    # One Delta commit, as the daemon's writer lands a batch.
+    ArrowTableWriter(None, tables_dir, APP_ID, **writer_options).write_batch(
+        batch_id, {DEAD_LETTERS: dead}
     )
     return dead
 
@@ -168,18 +171,60 @@ def test_tables_this_machine_cannot_read_are_a_clear_error_not_a_traceback(tmp_p
     assert result.exception is None or isinstance(result.exception, SystemExit)
 
 
-def test_a_compacted_dead_letter_is_listed_with_the_batch_it_landed_in(spark_session, tmp_path):
-    from spark.compaction import COMPACTED_BASE, Compactor
+class KilledBeforeCommit(Exception):
+    pass
+
+
+def kill_before_commit(point):
+    raise KilledBeforeCommit(point)
+
+
+def listed_keys(tmp_path) -> Counter:
+    result = run_cli(tmp_path, "--json", "--limit", "100")
+    assert result.exit_code == 0, result.output
+    return Counter(d["message_key"] for d in json.loads(result.output)["newest"])
+
+
+def test_the_list_reads_a_snapshot_without_a_lock_so_a_write_killed_before_its_commit_is_not_listed(
+    tmp_path,
+):
+    tables = tmp_path / "data" / "tables"
+    write_dead_letters(tables, 1, [b"not json"])
+    with pytest.raises(KilledBeforeCommit, match="landing_after_write_before_commit"):
+        write_dead_letters(tables, 2, [b"{}"], checkpoint=kill_before_commit)
+    # The killed write's file is in the table's directory, and no snapshot lists it.
+    on_disk = list((tables / DEAD_LETTERS).glob("date=*/*.parquet"))
+    assert len(on_disk) == 2
+
+    # The daemon holds the writer lock while it runs; readers take no lock and list anyway.
+    with WriterLock(tables, "daemon"):
+        assert listed_keys(tmp_path) == Counter(["key1-0"])
+        result = run_cli(tmp_path)
+    assert result.output.splitlines()[0].startswith("1 dead letter(s): ")
+
+
+def test_a_compacted_dead_letter_is_listed_once_with_the_batch_it_landed_in(tmp_path):
+    """OPTIMIZE folds the batches' files into one and keeps each row's `batch_id`; the list
+    reads the snapshot after it, not the replaced files still on disk (VACUUM keeps them)."""
+    from spark.maintenance import DeltaMaintainer
 
     tables = tmp_path / "data" / "tables"
     write_dead_letters(tables, 1, [b"not json"])
     write_dead_letters(tables, 2, [b"{}"], received=1_800_000_100.0)
-    (done,) = Compactor(spark_session, tables).run(closed_before=None).compacted
-    assert done.batch_id == COMPACTED_BASE + 1 and done.partitions == 2
+    write_dead_letters(tables, 3, [b"\xff"], received=1_800_000_200.0)
+    result = DeltaMaintainer(tables).run(1_800_000_300.0)
+    (maintained,) = result.tables
+    assert (maintained.table, maintained.files_removed, maintained.files_added) == (
+        DEAD_LETTERS,
+        3,
+        1,
+    )
+    assert maintained.files_vacuumed == 0  # within the retention: still on disk
+    assert len(list((tables / DEAD_LETTERS).glob("date=*/*.parquet"))) == 4
 
-    result = run_cli(tmp_path)
-    assert result.exit_code == 0, result.output
-    (second,) = [line for line in result.output.splitlines() if "key2-0" in line]
-    (first,) = [line for line in result.output.splitlines() if "key1-0" in line]
-    assert "batch 2 " in second and "batch 1 " in first
-    assert str(COMPACTED_BASE) not in result.output
+    assert listed_keys(tmp_path) == Counter(["key1-0", "key2-0", "key3-0"])
+    lines = run_cli(tmp_path).output.splitlines()
+    assert lines[0].startswith("3 dead letter(s): ")
+    for batch in (1, 2, 3):
+        (line,) = [line for line in lines if f"key{batch}-0" in line]
+        assert f"batch {batch} " in line

@@ -21,13 +21,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-import spark.readlock
 import spark.session
 import spark.sql
 from actors.app.cli import main
-from spark.readlock import swapping
+from spark.maintenance import DeltaMaintainer
 from spark.schema import build_batch
-from spark.tables import DEAD_LETTERS, READS, TableWriter
+from spark.tables import DEAD_LETTERS, READS, ArrowTableWriter, application_id
+from spark.writer_lock import WriterLock
 from tests.spark.test_sanitise import Record
 from tests.spark.test_zebra_reader_modes import NEW_COLUMNS
 
@@ -38,6 +38,7 @@ NOW = datetime.now(UTC)
 # Minute boundaries well inside the last hour, whenever the module runs.
 BASE = (NOW - timedelta(minutes=40)).replace(second=0, microsecond=0)
 OLD = BASE - timedelta(hours=3)
+APP_ID = application_id("sql-test")
 
 
 def readme_queries() -> list[str]:
@@ -70,10 +71,11 @@ def second(n: int) -> datetime:
 
 @pytest.fixture(scope="module")
 def data_dir(spark_session, tmp_path_factory) -> Path:
-    """Three batches landed by the daemon's writer: one partition of the schema before the tag
-    event's other fields, reads of two readers over two minutes, dead letters of three reasons."""
+    """Two batches landed by the daemon's writer (Delta commits): one of the schema before the tag
+    event's other fields, then reads of two readers over two minutes, dead letters of three
+    reasons."""
     data = tmp_path_factory.mktemp("sql-data")
-    writer = TableWriter(spark_session, data / "tables")
+    writer = ArrowTableWriter(None, data / "tables", APP_ID)
     old = build_batch([message("fx9600-02", tag("D4", 3, OLD, 1, None), "old", 0)], batch_id=1)
     writer.write_batch(1, {READS: old.reads.drop_columns(list(NEW_COLUMNS))})
     records = [
@@ -207,7 +209,9 @@ def test_each_readme_query_prints_a_readable_table_with_its_row_count(in_process
     ]
 
 
-def test_the_new_columns_and_an_old_partitions_nulls_are_queryable(in_process, config_file):
+def test_the_new_columns_and_the_nulls_of_rows_landed_before_them_are_queryable(
+    in_process, config_file
+):
     result = in_process(
         "--config",
         str(config_file),
@@ -235,7 +239,7 @@ def test_a_table_with_nothing_landed_is_an_empty_view_with_its_columns(in_proces
 
 def test_another_table_directory_is_a_view_too(in_process, config_file, spark_session, data_dir):
     other = build_batch([message("fx9600-09", tag("EE", 1, second(0), 1, 1), "x", 0)], 3)
-    TableWriter(spark_session, data_dir / "tables").write_batch(3, {"archive": other.reads})
+    ArrowTableWriter(None, data_dir / "tables", APP_ID).write_batch(3, {"archive": other.reads})
     result = in_process("--config", str(config_file), "--json", "SELECT epc FROM archive")
     assert result.exit_code == 0, result.output
     assert json_rows(result.stdout) == [{"epc": "ee"}]
@@ -359,38 +363,58 @@ def test_json_refuses_a_result_with_two_columns_of_one_name(in_process, config_f
     assert "more than one column named 'epc'" in result.stderr
 
 
-def test_the_query_runs_under_the_tables_read_lock_so_no_compaction_swap_comes_half_way(
-    in_process, config_file, data_dir, monkeypatch
+def test_the_query_takes_no_lock_and_runs_while_the_daemon_holds_the_tables(
+    in_process, config_file, data_dir
 ):
-    """While Spark lists and reads, a swap cannot take the lock (spark/readlock.py)."""
-    swap_could_run: list[bool] = []
-    real = spark.sql.run_query
-
-    def run_query_trying_a_swap(session, query, limit):
-        with swapping(data_dir / "tables", wait_seconds=0) as held:
-            swap_could_run.append(held)
-        return real(session, query, limit)
-
-    monkeypatch.setattr(spark.sql, "run_query", run_query_trying_a_swap)
-    result = in_process("--config", str(config_file), "SELECT count(*) AS n FROM reads")
+    with WriterLock(data_dir / "tables", "daemon"):
+        result = in_process(
+            "--config", str(config_file), "--json", "SELECT count(*) AS n FROM reads"
+        )
     assert result.exit_code == 0, result.output
-    assert swap_could_run == [False]
-    with swapping(data_dir / "tables", wait_seconds=0) as held:
-        assert held  # and let go after the query
+    assert json_rows(result.stdout) == [{"n": 7}]
 
 
-def test_a_swap_holding_the_read_lock_past_the_wait_exits_2(
-    in_process, config_file, data_dir, monkeypatch
+class KilledBeforeCommit(Exception):
+    pass
+
+
+def kill_before_commit(point):
+    raise KilledBeforeCommit(point)
+
+
+def test_the_query_reads_a_snapshot_not_the_files_of_a_killed_write_or_a_compaction(
+    in_process, tmp_path
 ):
-    monkeypatch.setattr(spark.readlock, "READ_WAIT_SECONDS", 0.05)
-    with swapping(data_dir / "tables", wait_seconds=0) as held:
-        assert held
-        result = in_process("--config", str(config_file), "SELECT count(*) FROM reads")
-    assert result.exit_code == 2
-    assert result.stderr == (
-        f"fxgate sql: cannot query: {data_dir / 'tables' / '.swap.lock'} was held for a "
-        "compaction swap for more than 0.05 s\n"
+    """The tables directory holds the files of a write killed before its commit and, after an
+    OPTIMIZE, the files it replaced (VACUUM keeps them for a day): a reader of the directory
+    would count rows two or three times, a reader of the snapshot once."""
+    tables = tmp_path / "tables"
+    writer = ArrowTableWriter(None, tables, APP_ID)
+    for batch_id, keys in ((1, ["a", "b"]), (2, ["c"])):
+        records = [
+            message("fx9600-01", tag(f"{n:02X}", 1, second(n), n, 1), key, n)
+            for n, key in enumerate(keys, start=10 * batch_id)
+        ]
+        writer.write_batch(batch_id, {READS: build_batch(records, batch_id).reads})
+    killed = ArrowTableWriter(None, tables, APP_ID, checkpoint=kill_before_commit)
+    lost = build_batch([message("fx9600-01", tag("99", 1, second(9), 99, 1), "d", 99)], 3)
+    with pytest.raises(KilledBeforeCommit):
+        killed.write_batch(3, {READS: lost.reads})
+    (maintained,) = DeltaMaintainer(tables).run(NOW.timestamp()).tables
+    assert (maintained.files_removed, maintained.files_added) == (2, 1)
+    assert len(list((tables / READS).glob("date=*/*.parquet"))) == 4
+    config = tmp_path / "gateway.toml"
+    config.write_text(f'[gateway]\ndata_dir = "{tmp_path}"\n[spark]\ntables_dir = "{tables}"\n')
+
+    result = in_process(
+        "--config",
+        str(config),
+        "--json",
+        "SELECT count(*) AS n, count(DISTINCT message_id) AS ids, max(batch_id) AS batch "
+        "FROM reads",
     )
+    assert result.exit_code == 0, result.output
+    assert json_rows(result.stdout) == [{"n": 3, "ids": 3, "batch": 2}]
 
 
 def test_a_missing_tables_directory_exits_2_before_any_jvm_starts(tmp_path, monkeypatch):

@@ -682,6 +682,76 @@ def test_spark_backlog_low_not_below_high_is_an_error_naming_the_key(tmp_path):
     )
 
 
+def test_compaction_defaults_maintain_the_delta_tables_every_few_minutes():
+    compaction = load().compaction
+    assert compaction.enabled is True
+    assert (compaction.start_delay_seconds, compaction.interval_seconds) == (60.0, 300.0)
+    assert (compaction.target_file_mb, compaction.open_file_mb) == (128, 16)
+    assert (compaction.vacuum_retention_hours, compaction.checkpoint_interval) == (1, 100)
+    assert compaction.log_retention_hours == 1.0
+
+
+def test_compaction_keys_load_from_the_file_and_the_environment_and_become_table_properties(
+    tmp_path,
+):
+    path = write(
+        tmp_path,
+        "[compaction]\nstart_delay_seconds = 5\ninterval_seconds = 30\ntarget_file_mb = 64\n"
+        "open_file_mb = 8\ncheckpoint_interval = 10\nlog_retention_hours = 1.5\n",
+    )
+    compaction = load(path, {"FXGATE__COMPACTION__VACUUM_RETENTION_HOURS": "0"}).compaction
+    assert (compaction.start_delay_seconds, compaction.interval_seconds) == (5.0, 30.0)
+    assert (compaction.target_file_mb, compaction.open_file_mb) == (64, 8)
+    assert compaction.vacuum_retention_hours == 0
+    # What the daemon sets on the Delta tables it creates: VACUUM's retention is also how long
+    # the log keeps a replaced file's tombstone.
+    assert compaction.table_properties() == {
+        "delta.checkpointInterval": "10",
+        "delta.logRetentionDuration": "interval 5400 seconds",
+        "delta.deletedFileRetentionDuration": "interval 0 seconds",
+        "delta.enableExpiredLogCleanup": "true",
+    }
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (
+            "start_delay_seconds = -1",
+            "compaction.start_delay_seconds: must be at least 0.0, got -1",
+        ),
+        ("interval_seconds = 0", "compaction.interval_seconds: must be greater than 0.0, got 0"),
+        ("target_file_mb = 0", "compaction.target_file_mb: must be at least 1, got 0"),
+        ("open_file_mb = 0", "compaction.open_file_mb: must be at least 1, got 0"),
+        (
+            "vacuum_retention_hours = -1",
+            "compaction.vacuum_retention_hours: must be at least 0, got -1",
+        ),
+        (
+            "vacuum_retention_hours = 1.5",
+            "compaction.vacuum_retention_hours: expected an integer, got 1.5",
+        ),
+        ("checkpoint_interval = 0", "compaction.checkpoint_interval: must be at least 1, got 0"),
+        (
+            "log_retention_hours = 0",
+            "compaction.log_retention_hours: must be greater than 0.0, got 0",
+        ),
+    ],
+)
+def test_compaction_values_out_of_range_name_the_key(tmp_path, text, error):
+    assert errors_of(write(tmp_path, f"[compaction]\n{text}\n")) == (error,)
+
+
+def test_the_keys_of_the_layout_before_delta_are_refused_by_name(tmp_path):
+    """A config written for the swap-and-grace compaction fails at start, naming each key that
+    no longer means anything (VACUUM's retention took grace_seconds' place)."""
+    path = write(tmp_path, "[compaction]\ngrace_seconds = 3600\ninclude_open = true\n")
+    errors = errors_of(path)
+    assert len(errors) == 2
+    assert errors[0].startswith("compaction.grace_seconds: unknown key")
+    assert errors[1].startswith("compaction.include_open: unknown key")
+
+
 def test_env_override_sets_the_upstream_port(tmp_path):
     path = write(tmp_path, UPSTREAM + "port = 1999\n" + ROUTE)
     config = load(path, {"FXGATE__UPSTREAM__PORT": "8883"})
