@@ -445,10 +445,12 @@ class SparkConfig(_Section):
     master: NonEmptyStr = "local[2]"
     # A local path or a Hadoop URI the whole cluster reaches (spark/location.py has the rules).
     tables_dir: NonEmptyStr | None = None
-    # One Spark job costs ~0.1 s fixed, so rows are flushed tens of packs at a time (§4).
+    # One Delta commit per table per batch (a Spark job costs ~0.1 s fixed with landing =
+    # "spark"), so rows are flushed tens of packs at a time (§4).
     batch_max_rows: int = Field(20000, ge=1)
     # 1 s, not 2: the latency target (publish -> row, p99 <= packs.linger + 2 s) at the defaults;
-    # the cost is about twice the partitions a day, which compaction folds (README, Compaction).
+    # the cost is about twice the commits and small files a day, which maintenance packs
+    # (README, "Tables: Delta Lake").
     batch_max_seconds: float = Field(1.0, gt=0)
     # Also bound a batch by payload bytes: FX9600 batch mode puts 50-100 reads in one message,
     # and 20,000 such messages (2M rows) ran a 512m driver out of memory (bench/results).
