@@ -1,9 +1,9 @@
 """Build and stop the one SparkSession the daemon owns (the SparkWriterActor is its only user).
 
-Settings come from DESIGN §4: loopback-only networking, no UI, two shuffle partitions, a small
-driver, dynamic partition overwrite (the table writer also sets it on every write), UTC, Arrow,
-and every scratch file of the JVM under the caller's `work_dir`, because killed runs leave
-their files behind in whatever temp dir they used.
+Settings come from DESIGN §4: loopback-only networking, no UI, two shuffle partitions (and few
+tasks for Delta's log replay and file listing), a small driver, UTC, Arrow, and every scratch
+file of the JVM under the caller's `work_dir`, because killed runs leave their files behind in
+whatever temp dir they used.
 
 With a cluster master (`spark://host:7077`) the same settings apply to the driver, which runs in
 this process; the executors run on the cluster's workers and connect back to the driver, so the

@@ -76,11 +76,13 @@ def own_session(tmp_path_factory):
     }
 
 
-def test_the_shared_session_has_no_ui_dynamic_overwrite_utc_and_arrow(spark_session):
+def test_the_shared_session_has_no_ui_delta_few_log_tasks_utc_and_arrow(spark_session):
     conf = spark_session.conf
     assert spark_session.sparkContext.uiWebUrl is None
     assert conf.get("spark.ui.enabled") == "false"
-    assert conf.get("spark.sql.sources.partitionOverwriteMode") == "dynamic"
+    assert conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
+    assert conf.get("spark.databricks.delta.snapshotPartitions") == "2"
+    assert conf.get("spark.sql.sources.parallelPartitionDiscovery.parallelism") == "8"
     assert conf.get("spark.sql.session.timeZone") == "UTC"
     assert conf.get("spark.sql.shuffle.partitions") == "2"
     assert conf.get("spark.sql.execution.arrow.pyspark.enabled") == "true"
