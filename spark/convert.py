@@ -64,6 +64,7 @@ from spark.tables import (
     TablesNotReadable,
     add_new_columns,
     as_written,
+    commit_files,
     delta_schema,
     table_properties,
 )
@@ -349,7 +350,7 @@ def _commit_chunk(
 ):
     """Append the rows of the legacy batches `chunk` (`places`: their (date, batch id,
     directory)s, sorted) in one commit; (the table, rows)."""
-    from deltalake import CommitProperties, DeltaTable, Transaction
+    from deltalake import DeltaTable
 
     columns = _unified_columns(footers.schemas(path for _, _, path in places))
     if delta is None:
@@ -370,15 +371,8 @@ def _commit_chunk(
     adds, rows = _write_files(table_dir, places, footers, target, opened, file_rows)
     checkpoint(CONVERT_AFTER_WRITE_BEFORE_COMMIT)
     version = chunk[-1]
-    delta.create_write_transaction(
-        adds,
-        mode="append",
-        schema=delta.schema(),
-        partition_by=list(PARTITION_COLUMNS),
-        commit_properties=CommitProperties(
-            custom_metadata={"fxgate.legacyBatches": f"{chunk[0]}-{chunk[-1]}"},
-            app_transactions=[Transaction(LEGACY_APP_ID, version)],
-        ),
+    commit_files(
+        delta, adds, LEGACY_APP_ID, version, {"fxgate.legacyBatches": f"{chunk[0]}-{chunk[-1]}"}
     )
     delta.update_incremental()
     # Anything else would make the next round take these batches again (another writer on the

@@ -313,7 +313,6 @@ class ArrowTableWriter:
         return table
 
     def _append(self, name: str, path: str, table: pa.Table) -> bool:
-        from deltalake import CommitProperties, Transaction
 
         delta = self._table(path, table.schema)
         done = delta.transaction_version(self._app_id)
@@ -324,16 +323,27 @@ class ArrowTableWriter:
         add_new_columns(delta, table.schema)
         adds = _write_files(Path(path), table)
         self._checkpoint(LANDED_NOT_COMMITTED)
-        delta.create_write_transaction(
-            adds,
-            mode="append",
-            schema=delta.schema(),
-            partition_by=list(PARTITION_COLUMNS),
-            commit_properties=CommitProperties(
-                app_transactions=[Transaction(self._app_id, batch_id)]
-            ),
-        )
+        commit_files(delta, adds, self._app_id, batch_id)
         return True
+
+
+def commit_files(
+    delta, adds: list, app_id: str, version: int, metadata: Mapping[str, str] | None = None
+) -> None:
+    """Commit the written files `adds` as one append carrying the transaction (app_id,
+    version): the one place a Delta commit of ours is made with delta-rs."""
+    from deltalake import CommitProperties, Transaction
+
+    delta.create_write_transaction(
+        adds,
+        mode="append",
+        schema=delta.schema(),
+        partition_by=list(PARTITION_COLUMNS),
+        commit_properties=CommitProperties(
+            custom_metadata=dict(metadata) if metadata else None,
+            app_transactions=[Transaction(app_id, version)],
+        ),
+    )
 
 
 def _as_table_types(delta, table: pa.Table) -> pa.Table:
