@@ -529,7 +529,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         from spark.maintenance import DeltaMaintainer, SparkMaintainer
 
         schedule = self._compaction or CompactionSchedule()
-        if self._local_tables is not None and self._session_per_pass:
+        # Tables on this disk are maintained by delta-rs whichever path lands them: a pass of
+        # delta-spark's took minutes here under load, and held the writer and its stop that long.
+        if self._local_tables is not None:
             return DeltaMaintainer(
                 self._local_tables,
                 target_file_bytes=schedule.target_file_bytes,

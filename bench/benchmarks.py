@@ -565,8 +565,8 @@ def ingest(ctx: Context, qos: int) -> dict:
     )
     fx = used(result, "fxgate")
     result["time_to_table"] = {
-        "what": "first PUBLISH -> every row in the Parquet `reads` table (batch committed), "
-        "same fxgate runs, default batching (a Spark job per 20,000 messages, 8 MiB or 2 s; "
+        "what": "first PUBLISH -> every row in the Delta `reads` table (batch committed), "
+        "same fxgate runs, default batching (a commit per 20,000 messages, 8 MiB or 1 s; "
         "linger 1 s)",
         "seconds_samples": [s["table_seconds"] for s in fx],
         "seconds_median": median_of(fx, lambda s: s["table_seconds"]),
@@ -801,7 +801,7 @@ def batched(ctx: Context, batch: int) -> dict:
         "processes of their own, each large batch in two parts at once, the next batch while "
         "the writer writes one), the SparkWriterActor thread "
         f"{c['spark_writer_thread_cpu_seconds']:.1f} CPU-s (handing batches over and writing "
-        f"their Parquet files with pyarrow: {statistics.median(jobs):.0f} batches per sample), "
+        f"their files with pyarrow and delta-rs: {statistics.median(jobs):.0f} batches per sample), "
         f"the JVM {c['jvm_cpu_seconds']:.1f} CPU-s, and the daemon's process "
         f"{c['fxgate_python_cores']:.2f} cores, all on the same two cores."
     )

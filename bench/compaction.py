@@ -21,9 +21,9 @@ and for the log from the last checkpoint, and delta-rs writes a checkpoint every
 (`delta.checkpointInterval`), so a fresh open reads one checkpoint of most of the day's adds plus
 a few JSON commits of `FILES_PER_COMMIT` adds each (slower to parse than the same adds in a
 checkpoint), where the real day's table has a checkpoint plus at most 99 JSON commits of one add.
-What the chunks leave out, before and after alike: the real day's `_delta_log` holds ~54,000
-JSON commits (the 48 h log retention keeps them all day), which every open lists; `delta-month`
-(bench/delta_log.py) measures that.
+What the chunks leave out, before and after alike: the real day's `_delta_log` holds the JSON
+commits of the last `log_retention_hours` (about 2,250 at the 1 h default), which every open
+lists; `delta-month` (bench/delta_log.py) measures that.
 
 Then, alternately, the run's rounds (3; 2 with `--quick`) of each reader:
 - "before": a count and a filtered count (antenna 2, peak RSSI above -60 dBm) from a fresh open

@@ -4,9 +4,9 @@ log cleaned up as the daemon cleans it, against the same table without the clean
 A table at the default 1 s batch window commits about 54,000 times a day (bench/compaction.py
 says why), about 1.6 million times a month. The claim: with a checkpoint every
 `checkpoint_interval` (100) commits and the log clean-up (commits older than
-`log_retention_hours`, 48 h, go at a checkpoint), opening the table reads one checkpoint plus at
-most `checkpoint_interval` JSON commits and lists a log of bounded size (48 h of commits: about
-108,000 JSON files at the default window), however old the table is; without the clean-up the log
+`log_retention_hours`, 1 h by default, go at a pass), opening the table reads one checkpoint plus
+at most `checkpoint_interval` JSON commits and lists a log of bounded size (an hour of commits:
+about 2,250 JSON files at the default window), however old the table is; without the clean-up the log
 directory keeps every commit, and every open lists it (delta-rs lists the whole directory of a
 local log: its open time grows with the entries, below).
 
@@ -44,7 +44,7 @@ clean-up left out. At N/4, N/2 and N (right after that pass), for both, alternat
 Target: with the clean-up, opening at N takes at most `GROWTH_TARGET` times what it took at N/4.
 The open and update times against the log's entries (least squares over every point) are
 projected to the log a real table keeps with the clean-up, which a month of N commits here cannot
-reach: 48 h of commits, about 108,000 JSON files. `--quick` makes
+reach, or exceeds: `log_retention_hours` of commits (REAL_LOG_ENTRIES). `--quick` makes
 fewer commits (`COMMITS[True]`).
 """
 
@@ -417,8 +417,8 @@ def _projected(projection: dict) -> str:
         return "no growth with the log's entries measured"
     update = "" if ms["update"] is None else f", update_incremental {ms['update']:.0f} ms"
     return (
-        f"projected for a {projection['log_entries']:,}-entry 48 h log: open {ms['open']:.0f} ms"
-        + update
+        f"projected for a {projection['log_entries']:,}-entry log "
+        f"({_COMPACTION.log_retention_hours:g} h): open {ms['open']:.0f} ms" + update
     )
 
 

@@ -805,7 +805,7 @@ def rows(result: dict) -> list[list[str]]:
         config = configs[level["config"]]
         role = _role(level["load"], level["config"]).replace("%", " %")
         what = (
-            f"publish → row visible in the Parquet `reads` table, QoS 1 single reads at "
+            f"publish → row visible in the Delta `reads` table, QoS 1 single reads at "
             f"{round(100 * level['load'])} % of the ingest ceiling ({ceiling_text})"
         )
         if config["overrides"]:

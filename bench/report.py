@@ -194,7 +194,7 @@ def _rows(result: dict) -> list[list[str]]:
             [
                 f"`{name}` → table",
                 f"same runs: first PUBLISH → all {setup['messages_per_sample']:,} rows in the "
-                "Parquet `reads` table (default batching)",
+                "Delta `reads` table (default batching)",
                 "—",
                 f"{table['seconds_median']:.2f} s ({table['rows_per_second_median']:,.0f} rows/s)",
                 "—",

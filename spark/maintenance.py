@@ -18,8 +18,8 @@ grows with the live file count. A pass, on the daemon's schedule and between its
    go, so a table that commits every second for a year opens from one checkpoint and a bounded
    number of JSON commits.
 
-`DeltaMaintainer` does it with delta-rs in this process, with no JVM (tables on this disk);
-`SparkMaintainer` with delta-spark, for remote tables. A pass is safe to kill at any point: each
+`DeltaMaintainer` does it with delta-rs in this process, with no JVM, for tables on this disk
+whichever path lands them; `SparkMaintainer` with delta-spark, for remote tables only. A pass is safe to kill at any point: each
 step is a Delta commit or a deletion of files no snapshot within the retention lists.
 """
 

@@ -269,3 +269,50 @@ def test_a_pass_is_put_off_while_a_batch_waits_for_its_retry_and_runs_once_it_la
         writer.stop()
         ledger.stop()
     assert lock_holder(tables) is None
+
+
+def test_with_landing_through_spark_tables_on_this_disk_are_still_maintained_by_delta_rs(tmp_path):
+    """`landing = "spark"` puts a session in the writer, but a pass over local tables never uses
+    it: delta-spark's pass took minutes here under load, holding the writer and its stop. The
+    session below has no Spark in it, so a pass that went through it would fail."""
+    tables = tmp_path / "tables"
+    expected = land_earlier(tables, DAYS, batches=3, rows=2, deleted_file_retention_hours=0)
+    sessions = []
+
+    def no_spark_session():
+        sessions.append(object())
+        return sessions[-1]
+
+    clock = SimulatedClock(start_wall=NOW)
+    ledger = InboundLedger.start(tmp_path / "ledger.sqlite", clock, group_commit_max_delay=0.0)
+    reports = Inbox()
+    writer = SparkWriterActor.start(
+        ledger.proxy(),
+        clock,
+        tables,
+        no_spark_session,
+        None,
+        land_with_arrow=False,
+        # A writer that takes the session and lands with delta-rs: this test is about the pass.
+        table_writer=ArrowTableWriter,
+        listener=CompactionTo(reports),
+        compaction=CompactionSchedule(
+            start_delay=3600.0, interval=3600.0, vacuum_retention_hours=0, data_dir=tmp_path
+        ),
+    )
+    try:
+        proxy = writer.proxy()
+        proxy.health().get(timeout=60)
+        assert len(sessions) == 1  # the writer took a session, as landing = "spark" does
+        write_compaction_request(tmp_path)
+        writer.tell(CompactNow())  # `fxgate compact`'s request, as the supervisor tells it
+        proxy.health().get(timeout=60)
+        ran = reports.messages[-1]
+        assert (ran.passes, ran.failed_passes, ran.last_outcome) == (1, 0, "compacted")
+        assert ran.files_compacted == 6
+        assert live_files(tables) == {f"date={DAYS[0]}": 1, f"date={DAYS[1]}": 1}
+        ids, _ = landed_ids_arrow(tables)
+        assert Counter(ids) == expected
+    finally:
+        writer.stop()
+        ledger.stop()
