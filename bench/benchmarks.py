@@ -800,8 +800,8 @@ def batched(ctx: Context, batch: int) -> dict:
         f"used {c['parse_worker_cpu_seconds']:.1f} CPU-s (parsing payloads into Arrow in "
         "processes of their own, each large batch in two parts at once, the next batch while "
         "the writer writes one), the SparkWriterActor thread "
-        f"{c['spark_writer_thread_cpu_seconds']:.1f} CPU-s (handing batches over and writing "
-        f"their files with pyarrow and delta-rs: {statistics.median(jobs):.0f} batches per sample), "
+        f"{c['spark_writer_thread_cpu_seconds']:.1f} CPU-s (handing batches over, writing their "
+        f"files with pyarrow and delta-rs: {statistics.median(jobs):.0f} batches per sample), "
         f"the JVM {c['jvm_cpu_seconds']:.1f} CPU-s, and the daemon's process "
         f"{c['fxgate_python_cores']:.2f} cores, all on the same two cores."
     )

@@ -6,9 +6,9 @@ says why), about 1.6 million times a month. The claim: with a checkpoint every
 `checkpoint_interval` (100) commits and the log clean-up (commits older than
 `log_retention_hours`, 1 h by default, go at a pass), opening the table reads one checkpoint plus
 at most `checkpoint_interval` JSON commits and lists a log of bounded size (an hour of commits:
-about 2,250 JSON files at the default window), however old the table is; without the clean-up the log
-directory keeps every commit, and every open lists it (delta-rs lists the whole directory of a
-local log: its open time grows with the entries, below).
+about 2,250 JSON files at the default window), however old the table is; without the clean-up
+the log directory keeps every commit, and every open lists it (delta-rs lists the whole
+directory of a local log: its open time grows with the entries, below).
 
 One run makes `COMMITS` real commits (small batches of `ROWS_PER_COMMIT` reads) with
 spark.tables.ArrowTableWriter, as the daemon's writer makes them, each with its transaction id,

@@ -19,8 +19,9 @@ grows with the live file count. A pass, on the daemon's schedule and between its
    number of JSON commits.
 
 `DeltaMaintainer` does it with delta-rs in this process, with no JVM, for tables on this disk
-whichever path lands them; `SparkMaintainer` with delta-spark, for remote tables only. A pass is safe to kill at any point: each
-step is a Delta commit or a deletion of files no snapshot within the retention lists.
+whichever path lands them; `SparkMaintainer` with delta-spark, for remote tables only. A pass
+is safe to kill at any point: each step is a Delta commit or a deletion of files no snapshot
+within the retention lists.
 """
 
 from __future__ import annotations
