@@ -32,6 +32,8 @@ SOAK_KILLS    ?= 20
 SOAK_RESTARTS ?= 5
 SOAK_FLAPS    ?= 50
 SOAK_FORWARD_KILLS ?= 10
+# The daemon on a standalone Spark master killed at each of three moments (`make test`: one).
+CLUSTER_FAULTS ?= 3
 
 .PHONY: demo test lint format bench soak system-deps deps delta-jars clean
 
@@ -54,8 +56,9 @@ bench: deps $(BENCH_STAMP)
 soak: deps
 	FXGATE_SOAK_KILLS=$(SOAK_KILLS) FXGATE_SOAK_BROKER_RESTARTS=$(SOAK_RESTARTS) \
 	FXGATE_SOAK_FLAPS=$(SOAK_FLAPS) FXGATE_SOAK_FORWARD_KILLS=$(SOAK_FORWARD_KILLS) \
-	FXGATE_SOAK_RESULTS=bench/results \
-	$(VENV)/bin/pytest -p no:cacheprovider -s tests/soak
+	FXGATE_SOAK_RESULTS=bench/results FXGATE_CLUSTER_FAULTS=$(CLUSTER_FAULTS) \
+	$(VENV)/bin/pytest -p no:cacheprovider -s tests/soak \
+		tests/spark/test_cluster.py::test_sigkills_of_a_daemon_writing_through_a_standalone_master_lose_and_double_no_read
 
 lint: deps
 	$(RUFF) check --config .ci/ruff.toml actors persistence spark tests bench

@@ -5,11 +5,13 @@
 The process is what `fxgate run` is — `actors.app.daemon.Gateway` with its `Supervisor`, its actors,
 its status file every second and its Spark writer — with two differences, both for measuring:
 
-1. One SparkSession for the life of the worker, started and warmed up before anything is timed.
-   Each measured run starts a fresh Gateway (fresh actors, fresh ledger and tables in a data dir
-   of its own) that reuses it, as the test suite does. A daemon in service runs with a warm JVM;
-   starting Spark (5-8 s) and its first job (3-5 s of JIT, DESIGN §4) in every sample would
-   measure the JVM, not the gateway.
+1. Where the settings land batches through Spark (`landing = "spark"`, a cluster), one
+   SparkSession for the life of the worker, started and warmed up before anything is timed; each
+   measured run starts a fresh Gateway (fresh actors, fresh ledger and tables in a data dir of
+   its own) that reuses it. A daemon in service runs with a warm JVM; starting Spark (5-8 s) and
+   its first job (3-5 s of JIT, DESIGN §4) in every sample would measure the JVM, not the
+   gateway. With the default landing (delta-rs) the daemon has no JVM, and neither has the
+   worker.
 2. A probe on `LedgerClient`: the monotonic time when the first PUBLISH is decoded on paho's
    network thread, and when the ledger hands paho the N-th final ack (PUBACK at QoS 1, PUBCOMP at
    QoS 2; each leaves only after the row, or the release, is committed). The baseline subscriber
@@ -180,6 +182,8 @@ def install_probe() -> None:
 
 
 def jvm_alive(session) -> bool:
+    if session is None:
+        return True  # no JVM to lose: the default landing
     gateway = getattr(session.sparkContext, "_gateway", None)
     proc = getattr(gateway, "proc", None)
     return proc is None or proc.poll() is None
@@ -322,12 +326,14 @@ def main() -> int:
     from spark.session import build_session, stop_session
 
     spark_config = load_config(None, environ=spark_env, hostname="bench").spark
-    session = build_session(
-        spark_config.master,
-        workdir / "spark",
-        driver_memory=spark_config.driver_memory,
-        conf=dict(spark_config.conf),
-    )
+    session = None
+    if not spark_config.lands_with_arrow:
+        session = build_session(
+            spark_config.master,
+            workdir / "spark",
+            driver_memory=spark_config.driver_memory,
+            conf=dict(spark_config.conf),
+        )
     print(f"{RESULT_PREFIX}{json.dumps({'ready': True, 'pid': os.getpid()})}", flush=True)
     try:
         for line in sys.stdin:
@@ -344,7 +350,8 @@ def main() -> int:
                 answer["traceback"] = traceback.format_exc()
             print(f"{RESULT_PREFIX}{json.dumps(answer)}", flush=True)
     finally:
-        stop_session(session)
+        if session is not None:
+            stop_session(session)
     return 0
 
 
