@@ -198,6 +198,27 @@ class CompactionTo(WriterListener):
         self.inbox.tell(report)
 
 
+def start_writer(tmp_path, tables, session_factory, start_delay: float, interval: float, **options):
+    """A ledger and a writer on the simulated clock whose passes vacuum at once and report to
+    the returned inbox."""
+    clock = SimulatedClock(start_wall=NOW)
+    ledger = InboundLedger.start(tmp_path / "ledger.sqlite", clock, group_commit_max_delay=0.0)
+    reports = Inbox()
+    writer = SparkWriterActor.start(
+        ledger.proxy(),
+        clock,
+        tables,
+        session_factory,
+        None,
+        listener=CompactionTo(reports),
+        compaction=CompactionSchedule(
+            start_delay=start_delay, interval=interval, vacuum_retention_hours=0, data_dir=tmp_path
+        ),
+        **options,
+    )
+    return clock, ledger, writer, reports
+
+
 def test_a_pass_is_put_off_while_a_batch_waits_for_its_retry_and_runs_once_it_landed(
     tmp_path, monkeypatch
 ):
@@ -214,21 +235,14 @@ def test_a_pass_is_put_off_while_a_batch_waits_for_its_retry_and_runs_once_it_la
     monkeypatch.setattr(spark.tables, "ArrowTableWriter", FailsFirstWrite)
     tables = tmp_path / "tables"
     expected = land_earlier(tables, DAYS[:1], batches=4, rows=2, deleted_file_retention_hours=0)
-    clock = SimulatedClock(start_wall=NOW)
-    ledger = InboundLedger.start(tmp_path / "ledger.sqlite", clock, group_commit_max_delay=0.0)
-    reports = Inbox()
-    writer = SparkWriterActor.start(
-        ledger.proxy(),
-        clock,
+    clock, ledger, writer, reports = start_writer(
+        tmp_path,
         tables,
         object,
-        None,
+        60.0,
+        600.0,
         batch_max_seconds=1.0,
         retry_backoff=Backoff(100.0, 100.0, 0.0),
-        listener=CompactionTo(reports),
-        compaction=CompactionSchedule(
-            start_delay=60.0, interval=600.0, vacuum_retention_hours=0, data_dir=tmp_path
-        ),
     )
     try:
         proxy = writer.proxy()
@@ -283,22 +297,15 @@ def test_with_landing_through_spark_tables_on_this_disk_are_still_maintained_by_
         sessions.append(object())
         return sessions[-1]
 
-    clock = SimulatedClock(start_wall=NOW)
-    ledger = InboundLedger.start(tmp_path / "ledger.sqlite", clock, group_commit_max_delay=0.0)
-    reports = Inbox()
-    writer = SparkWriterActor.start(
-        ledger.proxy(),
-        clock,
+    _, ledger, writer, reports = start_writer(
+        tmp_path,
         tables,
         no_spark_session,
-        None,
+        3600.0,
+        3600.0,
         land_with_arrow=False,
         # A writer that takes the session and lands with delta-rs: this test is about the pass.
         table_writer=ArrowTableWriter,
-        listener=CompactionTo(reports),
-        compaction=CompactionSchedule(
-            start_delay=3600.0, interval=3600.0, vacuum_retention_hours=0, data_dir=tmp_path
-        ),
     )
     try:
         proxy = writer.proxy()
