@@ -248,6 +248,7 @@ class Sampler:
             "t": round(at, 2),
             "python_rss": python_rss,
             "python_children_rss": children_rss,
+            **_rss_kinds(self._daemon.pid),
             "jvm_rss": jvm_rss if jvms else None,
             "jvms": jvms,
             **self._status(),
@@ -592,6 +593,44 @@ def step_sentence(samples: list[dict], start: float, end: float) -> str:
     )
 
 
+# The daemon process's resident memory by kind (/proc/PID/status): its heap and other private
+# memory (anon: Python objects, delta-rs and Arrow buffers), mapped files (file: libraries, and
+# the ledger's WAL index) and shared memory (shmem): which of them grows tells a leak from a cache.
+_RSS_KINDS = {
+    "RssAnon": "daemon_rss_anon",
+    "RssFile": "daemon_rss_file",
+    "RssShmem": "daemon_rss_shmem",
+}
+
+
+def _rss_kinds(pid: int) -> dict:
+    kinds = dict.fromkeys(_RSS_KINDS.values())
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return kinds
+    for line in lines:
+        name, _, value = line.partition(":")
+        if name in _RSS_KINDS:
+            kinds[_RSS_KINDS[name]] = int(value.split()[0]) * 1024
+    return kinds
+
+
+def _kinds_sentence(by_kind: dict) -> str:
+    parts = [
+        f"{label} {fit['growth_bytes'] / MIB:+.1f} MiB"
+        for label, key in (
+            ("heap and other private memory", "daemon_rss_anon"),
+            ("mapped files", "daemon_rss_file"),
+            ("shared memory", "daemon_rss_shmem"),
+        )
+        if (fit := by_kind.get(key))
+    ]
+    if not parts:
+        return ""
+    return f" The daemon process alone grew in that half by: {', '.join(parts)}."
+
+
 def span(samples: list[dict], key: str, start: float, end: float) -> dict:
     values = [s[key] for s in samples if start <= s["t"] <= end and s.get(key) is not None]
     if not values:
@@ -627,6 +666,9 @@ def assemble(
     python_half = fit_growth(samples, "python_rss", middle, end)
     jvm_half = fit_growth(samples, "jvm_rss", middle, end)
     python_whole = fit_growth(samples, "python_rss", start, end)
+    daemon_half_by_kind = {
+        key: fit_growth(samples, key, middle, end) for key in _RSS_KINDS.values()
+    }
     drained_at = max(
         (marks[k] for k in ("upstream_complete", "table_complete") if k in marks),
         default=marks.get("stopped", end),
@@ -746,7 +788,8 @@ def assemble(
         + f"against a bound of {mib(bound)} (the tier-2 byte cap plus {mib(RSS_SLACK_BYTES)} "
         f"of allocator and SQLite slack), while that half brought in about "
         f"{mib(inbound_half_bytes)} of payloads at {RATE:.0f} msg/s that now waited in the "
-        f"ledger on disk. The JVM went from {mib(rss['jvm']['outage'].get('first'))} to "
+        f"ledger on disk.{_kinds_sentence(daemon_half_by_kind)} The JVM went from "
+        f"{mib(rss['jvm']['outage'].get('first'))} to "
         f"{mib(rss['jvm']['outage'].get('last'))} during the outage (the table keeps landing "
         f"then) and peaked at {mib(rss['jvm']['whole_run'].get('max'))}. "
         + (
@@ -826,6 +869,8 @@ def assemble(
         "connections_cut": cut,
         "python_rss_growth_second_half": python_half,
         "python_rss_growth_whole_outage": python_whole,
+        # The daemon process alone (no children), by kind of memory: see _RSS_KINDS.
+        "daemon_rss_growth_second_half_by_kind": daemon_half_by_kind,
         "jvm_rss_growth_second_half": jvm_half,
         "rss_bytes": rss,
         "tier2": tier2,

@@ -277,7 +277,8 @@ def build_batch(
     qos: list[int] = []
     pack_id: list[int] = []
     seq: list[int] = []
-    lenient_columns: list[list[object]] = [[] for _ in _LENIENT_COLUMNS]
+    # Each read's lenient fields as one tuple, turned into columns once at the end.
+    lenient_rows: list[tuple] = []
     lenient_fields = operator.attrgetter(*(name for name, _ in _LENIENT_COLUMNS))
 
     dead_key: list[str] = []
@@ -407,8 +408,7 @@ def build_batch(
             phase.append(read.phase)
             event_num.append(read.event_num)
             event_time.append(read.event_time)
-            for values, value in zip(lenient_columns, lenient_fields(read), strict=True):
-                values.append(value)
+            lenient_rows.append(lenient_fields(read))
         n = len(reads)
         topic.extend([record_topic] * n)
         reader_id.extend([safe_reader] * n)
@@ -418,6 +418,9 @@ def build_batch(
         seq.extend([record.seq] * n)
 
     event_times = pa.array(event_time, type=UTC_MICROS)
+    lenient_columns = (
+        list(zip(*lenient_rows, strict=True)) if lenient_rows else [()] * len(_LENIENT_COLUMNS)
+    )
     reads_table = pa.table(
         [
             pa.array(message_id, type=pa.string()),

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import os
 import random
-import time
 from pathlib import Path
 
 import pytest
 
-from actors.devtools.simulate import expected_read_ids, simulate
+from actors.devtools.simulate import expected_read_ids
 from spark.location import is_local_master
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from spark.session import master_on_loopback
@@ -55,53 +54,13 @@ def cluster_env(broker, cluster, data: Path, tables: Path) -> dict[str, str]:
 
 @pytest.mark.broker
 @pytest.mark.spark
-@pytest.mark.timeout(600)
-def test_the_daemon_lands_reads_through_a_standalone_master_whose_worker_runs_the_tasks(
-    mosquitto, spark_cluster, daemon_factory, spark_session, tmp_path
-):
-    data, tables = tmp_path / "data", tmp_path / "lake" / "tables"
-    uri = f"file://{tables}"
-    daemon = daemon_factory(cluster_env(mosquitto, spark_cluster, data, tables))
-    started = daemon.wait_for_log(SESSION_STARTED + r".* in ([\d.]+) s", timeout=180)
-    app_id = started.group(1)
-    daemon.wait_for_log(r"driver reachable by the executors at 127\.0\.0\.1:\d+")
-    daemon.wait_for_log(r"source: subscribed", timeout=60)
-
-    published = simulate(mosquitto.host, mosquitto.port, readers=2, rate=0, count=200, qos=2)
-    assert published.failed == 0
-    expected = expected_read_ids(published.published)
-    landing = time.perf_counter()
-    wait_until_landed(daemon, data, len(expected), timeout=180, tables=uri)
-    landed_seconds = time.perf_counter() - landing
-    assert daemon.terminate() == 0
-
-    # The executor of this application ran on the cluster's worker: in local mode there is no
-    # such application at the master and no executor log under the worker's directory.
-    apps = {app["id"]: app for app in spark_cluster.applications()}
-    assert apps[app_id]["name"] == "fxgate"
-    assert spark_cluster.tasks_run(app_id) >= 1, spark_cluster.executor_logs(app_id)
-    assert not (data / "tables").exists()  # the URI was used, not the default location
-    print(
-        f"cluster up in {spark_cluster.start_seconds:.1f} s, session in {started.group(2)} s, "
-        f"400 messages landed {landed_seconds:.1f} s after publishing ended, "
-        f"{spark_cluster.tasks_run(app_id)} tasks on the worker"
-    )
-
-    ids, _ = landed_ids_arrow(uri)
-    assert compare(expected, ids).exact, compare(expected, ids).lines()
-    ids, readers = landed_ids_spark(spark_session, uri)
-    result = compare(expected, ids, readers)
-    assert result.exact, result.lines()
-    assert result.per_reader == {"fx9600-01": 200, "fx9600-02": 200}
-
-
-@pytest.mark.broker
-@pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_sigkills_of_a_daemon_writing_through_a_standalone_master_lose_and_double_no_read(
+def test_a_daemon_on_a_standalone_master_lands_through_its_worker_and_sigkills_lose_no_read(
     mosquitto, spark_cluster, daemon_factory, spark_session, tmp_path
 ):
+    """Reads land through the cluster (the worker's executor runs the tasks, the tables at the
+    `file://` URI), and SIGKILLs of the daemon while it writes there lose and double none."""
     rng = random.Random(SEED)
     # Kills at exact moments of the Spark leg -- while the job's tasks run on the worker, and
     # after the job before the ledger knows -- and at a random moment: `make soak` all three in
@@ -154,8 +113,12 @@ def test_sigkills_of_a_daemon_writing_through_a_standalone_master_lose_and_doubl
     print("killed after:\n  " + "\n  ".join(moments))
     # Batches begun by a killed daemon and written again, same id, by the next one.
     replays = sum(daemon.count_logs(r"replaying batch \d+") for daemon in daemons)
-    # Every daemon's writes went through the worker's executors.
+    # Every daemon's writes went through the worker's executors: in local mode there is no
+    # such application at the master and no executor log under the worker's directory.
+    names = {app["id"]: app["name"] for app in spark_cluster.applications()}
+    assert [names.get(app) for app in apps] == ["fxgate"] * (len(faults) + 1)
     assert [spark_cluster.tasks_run(app) >= 1 for app in apps] == [True] * (len(faults) + 1)
+    assert not (data / "tables").exists()  # the URI was used, not the default location
     ids, _ = landed_ids_arrow(uri)
     plain = compare(expected, ids)
     ids, readers = landed_ids_spark(spark_session, uri)
@@ -167,3 +130,4 @@ def test_sigkills_of_a_daemon_writing_through_a_standalone_master_lose_and_doubl
     )
     assert plain.exact, plain.lines()
     assert through_spark.exact, through_spark.lines()
+    assert set(through_spark.per_reader) == {"fx9600-01", "fx9600-02"}
