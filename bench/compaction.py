@@ -17,10 +17,10 @@ partition column `date` in the path, not synced), and committed in `COMMITS` com
 `FILES_PER_COMMIT` add actions, each carrying a transaction id (application id, last batch id in
 it) as the writer's commits do. The files are a day's; only the commits are chunked. That does
 not flatter "before": a read pays for the live files (the day's 54,000 either way, each opened)
-and for the log from the last checkpoint, and delta-rs writes a checkpoint every 100 commits
+and for the log from the last checkpoint, and delta-rs writes a checkpoint every 10 commits
 (`delta.checkpointInterval`), so a fresh open reads one checkpoint of most of the day's adds plus
 a few JSON commits of `FILES_PER_COMMIT` adds each (slower to parse than the same adds in a
-checkpoint), where the real day's table has a checkpoint plus at most 99 JSON commits of one add.
+checkpoint), where the real day's table has a checkpoint plus at most 9 JSON commits of one add.
 What the chunks leave out, before and after alike: the real day's `_delta_log` holds the JSON
 commits of the last `log_retention_hours` (about 2,250 at the 1 h default), which every open
 lists; `delta-month` (bench/delta_log.py) measures that.
@@ -92,7 +92,7 @@ log = logging.getLogger(__name__)
 DAY_BATCHES = 54_000
 ROWS_PER_BATCH = 400
 FILES_PER_COMMIT = 500
-COMMITS = DAY_BATCHES // FILES_PER_COMMIT  # 108: a checkpoint at the 100th, as the writer's
+COMMITS = DAY_BATCHES // FILES_PER_COMMIT  # 108: a checkpoint every 10th, as the writer's
 QUICK_SCALE = 1 / 40
 # "before" is slow (a day of files, read twice per run): its runs stop once another would end
 # past this many seconds of the phase (at least one run each), so a full run stays near 10 min.

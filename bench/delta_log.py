@@ -3,7 +3,7 @@ log cleaned up as the daemon cleans it, against the same table without the clean
 
 A table at the default 1 s batch window commits about 54,000 times a day (bench/compaction.py
 says why), about 1.6 million times a month. The claim: with a checkpoint every
-`checkpoint_interval` (100) commits and the log clean-up (commits older than
+`checkpoint_interval` (10) commits and the log clean-up (commits older than
 `log_retention_hours`, 1 h by default, go at a pass), opening the table reads one checkpoint plus
 at most `checkpoint_interval` JSON commits and lists a log of bounded size (an hour of commits:
 about 2,250 JSON files at the default window), however old the table is; without the clean-up

@@ -102,7 +102,7 @@ def is_delta_table(path: Location) -> bool:
 
 
 def table_properties(
-    checkpoint_interval: int = 100,
+    checkpoint_interval: int = 10,
     log_retention_hours: float = 1.0,
     deleted_file_retention_hours: float = 1.0,
 ) -> dict[str, str]:

@@ -543,8 +543,10 @@ class CompactionConfig(_Section):
     # removed files this long (a day of them is about 54,000 entries in each checkpoint).
     vacuum_retention_hours: int = Field(1, ge=0)
     # A Delta checkpoint every this many commits: opening a table reads the last checkpoint
-    # and at most this many JSON commits (`delta.checkpointInterval`).
-    checkpoint_interval: int = Field(100, ge=1)
+    # and at most this many JSON commits (`delta.checkpointInterval`; delta-spark's default).
+    # It also bounds the writer's memory: its open table keeps every commit since the last
+    # checkpoint, and the daemon's heap rose 15-20 MiB per 100 commits (README "Benchmarks").
+    checkpoint_interval: int = Field(10, ge=1)
     # Log entries older than this go at a checkpoint (`delta.logRetentionDuration`): a table
     # committing every second keeps a log of bounded size. delta-rs lists the whole log
     # directory to open or update a table, before every append (2-4 us an entry measured here:

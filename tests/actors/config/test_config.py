@@ -687,7 +687,7 @@ def test_compaction_defaults_maintain_the_delta_tables_every_few_minutes():
     assert compaction.enabled is True
     assert (compaction.start_delay_seconds, compaction.interval_seconds) == (60.0, 300.0)
     assert (compaction.target_file_mb, compaction.open_file_mb) == (128, 16)
-    assert (compaction.vacuum_retention_hours, compaction.checkpoint_interval) == (1, 100)
+    assert (compaction.vacuum_retention_hours, compaction.checkpoint_interval) == (1, 10)
     assert compaction.log_retention_hours == 1.0
 
 
@@ -697,7 +697,7 @@ def test_compaction_keys_load_from_the_file_and_the_environment_and_become_table
     path = write(
         tmp_path,
         "[compaction]\nstart_delay_seconds = 5\ninterval_seconds = 30\ntarget_file_mb = 64\n"
-        "open_file_mb = 8\ncheckpoint_interval = 10\nlog_retention_hours = 1.5\n",
+        "open_file_mb = 8\ncheckpoint_interval = 25\nlog_retention_hours = 1.5\n",
     )
     compaction = load(path, {"FXGATE__COMPACTION__VACUUM_RETENTION_HOURS": "0"}).compaction
     assert (compaction.start_delay_seconds, compaction.interval_seconds) == (5.0, 30.0)
@@ -706,7 +706,7 @@ def test_compaction_keys_load_from_the_file_and_the_environment_and_become_table
     # What the daemon sets on the Delta tables it creates: VACUUM's retention is also how long
     # the log keeps a replaced file's tombstone.
     assert compaction.table_properties() == {
-        "delta.checkpointInterval": "10",
+        "delta.checkpointInterval": "25",
         "delta.logRetentionDuration": "interval 5400 seconds",
         "delta.deletedFileRetentionDuration": "interval 0 seconds",
         "delta.enableExpiredLogCleanup": "true",
