@@ -113,6 +113,7 @@ CACHED = "after cached"
 # "After" within the hour of the pass: its checkpoint still lists the day's replaced files as
 # tombstones (`delta.deletedFileRetentionDuration`, 1 h by default), which every open reads.
 WITHIN_HOUR = "after, pass's hour"
+SAMPLED = (*PHASES, CACHED, WITHIN_HOUR)
 
 _TOPICS = pa.array([f"zebra/fx/fx9600-0{r}/reads" for r in range(1, 5)])
 _READER_IDS = pa.array([f"fx9600-0{r}" for r in range(1, 5)])
@@ -420,9 +421,7 @@ def compaction_day(ctx: Context) -> dict:
     failed: dict[str, str] = {}
     if spark_missing:
         failed["spark"] = spark_missing
-    samples: dict[str, dict[str, list]] = {
-        r: {p: [] for p in (*PHASES, CACHED, WITHIN_HOUR)} for r in READERS
-    }
+    samples: dict[str, dict[str, list]] = {r: {p: [] for p in SAMPLED} for r in READERS}
 
     def spark_delta():
         _forget_snapshots(session)
@@ -502,9 +501,7 @@ def compaction_day(ctx: Context) -> dict:
             continue
         seconds = {phase: [round(s.seconds, 3) for s in taken[phase]] for phase in PHASES}
         medians = {phase: statistics.median(values) for phase, values in seconds.items()}
-        found = {
-            (s.total, s.strong) for phase in (*PHASES, CACHED, WITHIN_HOUR) for s in taken[phase]
-        }
+        found = {(s.total, s.strong) for phase in SAMPLED for s in taken[phase]}
         counts |= found
         per_reader[reader] = {
             "before_seconds": seconds["before"],

@@ -596,34 +596,32 @@ def step_sentence(samples: list[dict], start: float, end: float) -> str:
 # The daemon process's resident memory by kind (/proc/PID/status): its heap and other private
 # memory (anon: Python objects, delta-rs and Arrow buffers), mapped files (file: libraries, and
 # the ledger's WAL index) and shared memory (shmem): which of them grows tells a leak from a cache.
-_RSS_KINDS = {
-    "RssAnon": "daemon_rss_anon",
-    "RssFile": "daemon_rss_file",
-    "RssShmem": "daemon_rss_shmem",
-}
+_RSS_KINDS = (
+    # (/proc/PID/status field, sample key, what it holds)
+    ("RssAnon", "daemon_rss_anon", "heap and other private memory"),
+    ("RssFile", "daemon_rss_file", "mapped files"),
+    ("RssShmem", "daemon_rss_shmem", "shared memory"),
+)
 
 
 def _rss_kinds(pid: int) -> dict:
-    kinds = dict.fromkeys(_RSS_KINDS.values())
+    keys = {field: key for field, key, _ in _RSS_KINDS}
+    kinds = dict.fromkeys(keys.values())
     try:
         lines = Path(f"/proc/{pid}/status").read_text().splitlines()
     except OSError:
         return kinds
     for line in lines:
         name, _, value = line.partition(":")
-        if name in _RSS_KINDS:
-            kinds[_RSS_KINDS[name]] = int(value.split()[0]) * 1024
+        if name in keys:
+            kinds[keys[name]] = int(value.split()[0]) * 1024
     return kinds
 
 
 def _kinds_sentence(by_kind: dict) -> str:
     parts = [
         f"{label} {fit['growth_bytes'] / MIB:+.1f} MiB"
-        for label, key in (
-            ("heap and other private memory", "daemon_rss_anon"),
-            ("mapped files", "daemon_rss_file"),
-            ("shared memory", "daemon_rss_shmem"),
-        )
+        for _, key, label in _RSS_KINDS
         if (fit := by_kind.get(key))
     ]
     if not parts:
@@ -666,9 +664,7 @@ def assemble(
     python_half = fit_growth(samples, "python_rss", middle, end)
     jvm_half = fit_growth(samples, "jvm_rss", middle, end)
     python_whole = fit_growth(samples, "python_rss", start, end)
-    daemon_half_by_kind = {
-        key: fit_growth(samples, key, middle, end) for key in _RSS_KINDS.values()
-    }
+    daemon_half_by_kind = {key: fit_growth(samples, key, middle, end) for _, key, _ in _RSS_KINDS}
     drained_at = max(
         (marks[k] for k in ("upstream_complete", "table_complete") if k in marks),
         default=marks.get("stopped", end),
