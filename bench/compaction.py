@@ -35,10 +35,13 @@ Then, alternately, the run's rounds (3; 2 with `--quick`) of each reader:
   one run each at least; the JSON has every run);
 - the pass: `DeltaMaintainer.run` with the day closed (OPTIMIZE into 128 MiB files, VACUUM,
   checkpoint, log clean-up), as the daemon runs it, timed;
-- "after": the same queries on the compacted table, alternating with "one file": the same rows
-  in one plain Parquet file (`spark.read.parquet`, `pyarrow.dataset`), the reference the target
-  is stated against. "After" is the table as readers find it from an hour after the pass on,
-  for as long as they query the day: a checkpoint without the replaced files' tombstones (their
+- "after": the same queries on the compacted table, alternating with "one file, Delta": the
+  same rows written by delta-rs in one file of a Delta table, the reference the target
+  is stated against (the engine's fixed cost of opening a Delta table, about 1 s of Spark's
+  first job whatever the table holds, on both sides), and with "one file": the same rows in
+  one plain Parquet file (`spark.read.parquet`, `pyarrow.dataset`), reported beside. "After"
+  is the table as readers find it from an hour after the pass on, for as long as they query
+  the day: a checkpoint without the replaced files' tombstones (their
   `delta.deletedFileRetentionDuration`, 1 h by default, is over; `expire_tombstones`). Reported
   beside, not in the target: "after, pass's hour", the same queries within that hour, whose
   checkpoint still lists the day's 54,000 replaced files as tombstones that every open reads,
@@ -46,10 +49,11 @@ Then, alternately, the run's rounds (3; 2 with `--quick`) of each reader:
   session that keeps the table open pays).
 Each run's time is split into the open (for Delta, the log as far as the engine reads it before
 a job: delta-spark builds its list of files in the first job, the count), the count and the
-filtered count. Target: after at most twice one file (medians), for each reader. Where Spark
-cannot read Delta (no delta-spark on the session), only delta-rs is measured, and the JSON says
-why. `--quick` scales the day down (`QUICK_SCALE` of its batches, the same rows per batch and the
-same number of commits, so the log has the same shape); the JSON and the table say the scale.
+filtered count. Target: after at most twice one file, Delta (medians), for each reader.
+Where Spark cannot read Delta (no delta-spark on the session), only delta-rs is measured, and
+the JSON says why. `--quick` scales the day down (`QUICK_SCALE` of its batches, the same rows
+per batch and the same number of commits, so the log has the same shape); the JSON and the
+table say the scale.
 """
 
 from __future__ import annotations
@@ -107,7 +111,10 @@ APP_ID = application_id("bench-compaction")
 # would write it, in groups of this many rows.
 ONE_FILE_ROW_GROUP = 1 << 20
 READERS = ("spark", "delta-rs")
-PHASES = ("before", "after", "one file")
+# The same rows in one file of a Delta table, written by delta-rs: the reference the target is
+# stated against (the engine's fixed cost of opening a Delta table is paid by both sides).
+ONE_DELTA = "one file, Delta"
+PHASES = ("before", "after", ONE_DELTA, "one file")
 # Spark only, after each "after": the same query again, on the snapshot the run just built.
 CACHED = "after cached"
 # "After" within the hour of the pass: its checkpoint still lists the day's replaced files as
@@ -181,10 +188,13 @@ class _OneFile:
         self._writer.close()
 
 
-def land_day(table_dir: Path, one_file: Path, batches: int, files_per_commit: int) -> dict:
-    """The day's batch files and their chunked commits (see the module), and the same rows
-    in `one_file`; the seconds each part took."""
-    from deltalake import CommitProperties, DeltaTable, Transaction
+def land_day(
+    table_dir: Path, one_delta: Path, one_file: Path, batches: int, files_per_commit: int
+) -> dict:
+    """The day's batch files and their chunked commits (see the module), the same rows in
+    the plain Parquet `one_file` and in the one file of the Delta table `one_delta`; the
+    seconds each part took."""
+    from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
     from deltalake.transaction import AddAction
 
     rng = np.random.default_rng(15)
@@ -247,7 +257,18 @@ def land_day(table_dir: Path, one_file: Path, batches: int, files_per_commit: in
             commits += 1
     started = time.perf_counter()
     single.close()
+    # Written by delta-rs as OPTIMIZE writes the compacted files (zstd, each file's column
+    # statistics in its add action, which every reader's open takes in), in one file.
+    write_deltalake(
+        str(one_delta),
+        ds.dataset(one_file, format="parquet").scanner().to_reader(),
+        partition_by=[DATE],
+        target_file_size=1 << 40,
+        configuration=table_properties(),
+    )
     writing += time.perf_counter() - started
+    if len(DeltaTable(str(one_delta)).file_uris()) != 1:
+        raise RuntimeError(f"the one-file Delta table {one_delta} holds more than one file")
     version = table.version()
     del table
     gc.collect()
@@ -402,8 +423,9 @@ def compaction_day(ctx: Context) -> dict:
     shutil.rmtree(work, ignore_errors=True)
     tables = work / "tables"
     table_dir = Path(table_path(tables, READS))
+    one_delta = work / "one-file-delta" / READS
     one_file = work / "one-file" / "reads.parquet"
-    landing = land_day(table_dir, one_file, batches, files_per_commit)
+    landing = land_day(table_dir, one_delta, one_file, batches, files_per_commit)
     files_before, bytes_before = live_files(table_dir)
     log_before = log_state(table_dir)
     print(
@@ -415,6 +437,7 @@ def compaction_day(ctx: Context) -> dict:
     )
 
     uri = spark_uri(table_dir)
+    one_delta_uri = spark_uri(one_delta)
     session, spark_missing = delta_spark(work / "spark", uri, one_file)
     if spark_missing:
         print(f"   Spark not measured: {spark_missing}", flush=True)
@@ -423,12 +446,13 @@ def compaction_day(ctx: Context) -> dict:
         failed["spark"] = spark_missing
     samples: dict[str, dict[str, list]] = {r: {p: [] for p in SAMPLED} for r in READERS}
 
-    def spark_delta():
+    def spark_delta(table_uri: str):
         _forget_snapshots(session)
-        return session.read.format("delta").load(uri)
+        return session.read.format("delta").load(table_uri)
 
     queries: dict[tuple[str, str], Callable[[], Counted]] = {
-        ("spark", "table"): lambda: spark_counts(session, spark_delta),
+        ("spark", "table"): lambda: spark_counts(session, lambda: spark_delta(uri)),
+        ("spark", ONE_DELTA): lambda: spark_counts(session, lambda: spark_delta(one_delta_uri)),
         ("spark", CACHED): lambda: spark_counts(
             session, lambda: session.read.format("delta").load(uri)
         ),
@@ -437,6 +461,9 @@ def compaction_day(ctx: Context) -> dict:
         ),
         ("delta-rs", "table"): lambda: arrow_counts(
             lambda: DeltaTable(str(table_dir)).to_pyarrow_dataset()
+        ),
+        ("delta-rs", ONE_DELTA): lambda: arrow_counts(
+            lambda: DeltaTable(str(one_delta)).to_pyarrow_dataset()
         ),
         ("delta-rs", "one file"): lambda: arrow_counts(
             lambda: ds.dataset(one_file, format="parquet")
@@ -447,7 +474,7 @@ def compaction_day(ctx: Context) -> dict:
         if reader in failed:
             return
         try:
-            sample = queries[reader, phase if phase in ("one file", CACHED) else "table"]()
+            sample = queries[reader, phase if (reader, phase) in queries else "table"]()
         except Exception as error:
             failed[reader] = f"{phase}: {type(error).__name__}: {_first_line(error)}"
             print(f"   {reader} {phase} FAILED: {failed[reader]}", flush=True)
@@ -484,6 +511,7 @@ def compaction_day(ctx: Context) -> dict:
         for _ in range(runs):
             for reader in READERS:
                 take(reader, "after")
+                take(reader, ONE_DELTA)
                 take(reader, "one file")
     finally:
         if session is not None:
@@ -506,11 +534,16 @@ def compaction_day(ctx: Context) -> dict:
         per_reader[reader] = {
             "before_seconds": seconds["before"],
             "after_seconds": seconds["after"],
+            "one_file_delta_seconds": seconds[ONE_DELTA],
             "one_file_seconds": seconds["one file"],
             "before_median": round(medians["before"], 3),
             "after_median": round(medians["after"], 3),
+            "one_file_delta_median": round(medians[ONE_DELTA], 3),
             "one_file_median": round(medians["one file"], 3),
-            "ratio": round(medians["after"] / medians["one file"], 3),
+            # The target's: against the same rows in one file of a Delta table.
+            "ratio": round(medians["after"] / medians[ONE_DELTA], 3),
+            # Beside it: against one plain Parquet file, the engine's cost of a Delta open in.
+            "ratio_to_parquet": round(medians["after"] / medians["one file"], 3),
             "speedup": round(medians["before"] / medians["after"], 1),
             "counts": sorted(found),
             "after_cached_seconds": [round(x.seconds, 3) for x in taken[CACHED]],
@@ -547,8 +580,9 @@ def compaction_day(ctx: Context) -> dict:
         f"{files_per_commit} add actions per Delta commit, each with a transaction id "
         "(delta-rs create_write_transaction): the files are the day's, the commits are "
         "chunked because single appends slow with the live file count (DESIGN §7); a read "
-        "pays for the live files and the log from the last checkpoint (one every 100 "
-        "commits) either way, see the module's docstring",
+        "pays for the live files and the log from the last checkpoint (one every "
+        f"{table_properties()['delta.checkpointInterval']} commits) either way, see the "
+        "module's docstring",
         "table_properties": table_properties(),
         "log_before": log_before,
         "log_after": log_after,
@@ -565,8 +599,11 @@ def compaction_day(ctx: Context) -> dict:
         else f"not measured: {failed.get('spark')}",
         "delta_rs": "DeltaTable(path).to_pyarrow_dataset(), counted by pyarrow (no JVM)",
         "query": "count(*) and count(*) WHERE antenna = 2 AND peak_rssi > -60, from a fresh "
-        "open of the table (the log read included); one file: spark.read.parquet / "
-        "pyarrow.dataset of the one file",
+        "open of the table (the log read included); one file, Delta: the same on the day's "
+        "rows written by delta-rs (write_deltalake) in one file of a Delta table (the "
+        "target's reference); "
+        "one file: spark.read.parquet / pyarrow.dataset of the same rows in one plain "
+        "Parquet file",
     }
     return {
         "kind": "fxgate-bench",
@@ -580,9 +617,11 @@ def compaction_day(ctx: Context) -> dict:
         "reader_failures": failed,
         "before_seconds": main["before_seconds"],
         "after_seconds": main["after_seconds"],
+        "one_file_delta_seconds": main["one_file_delta_seconds"],
         "one_file_seconds": main["one_file_seconds"],
         "before_median": main["before_median"],
         "after_median": main["after_median"],
+        "one_file_delta_median": main["one_file_delta_median"],
         "one_file_median": main["one_file_median"],
         "pass_seconds": round(outcome.seconds, 2),
         "pass": outcome.summary(),
@@ -596,7 +635,8 @@ def compaction_day(ctx: Context) -> dict:
             f"{batches:,} batch files ({_share(setup)}): "
             + "; ".join(
                 f"{reader} before {r['before_median']:.2f} s, after {r['after_median']:.2f} s, "
-                f"one file {r['one_file_median']:.2f} s ({r['ratio']:.2f}x)"
+                f"one file {r['one_file_delta_median']:.2f} s as Delta ({r['ratio']:.2f}x), "
+                f"{r['one_file_median']:.2f} s as Parquet ({r['ratio_to_parquet']:.2f}x)"
                 for reader, r in per_reader.items()
             )
             + f"; the pass {outcome.seconds:.1f} s"
@@ -646,16 +686,18 @@ def rows(result: dict) -> list[list[str]]:
                 f"({_share(setup)}; {setup['rows']:,} rows, {setup['commits']} Delta commits "
                 f"of {setup['files_per_commit']} files): count + filtered count from a fresh "
                 f"open, before → after OPTIMIZE ({setup['files_before']:,} → "
-                f"{setup['files_after']} file(s)); baseline: the same rows in one file",
-                f"{r['one_file_median']:.2f} s (one file)",
+                f"{setup['files_after']} file(s)); baseline: the same rows in one file of a "
+                "Delta table",
+                f"{r['one_file_delta_median']:.2f} s (one file, Delta; "
+                f"{r['one_file_median']:.2f} s as plain Parquet)",
                 f"{r['after_median']:.2f} s compacted (before: {r['before_median']:.2f} s; "
                 f"{_within_hour(r)}the pass: {result['pass_seconds']:.1f} s)",
-                f"{r['ratio']:.2f}\u00d7",
+                f"{r['ratio']:.2f}\u00d7 ({r['ratio_to_parquet']:.2f}\u00d7 plain Parquet)",
                 f"≤ {result['target']['value']:g}\u00d7 one file",
                 "yes"
                 if r["ratio"] <= result["target"]["value"] and result["counts_agree"]
                 else "**no**",
-                f"{len(r['after_seconds'])}+{len(r['one_file_seconds'])}",
+                f"{len(r['after_seconds'])}+{len(r['one_file_delta_seconds'])}",
             ]
         )
     return found
@@ -694,6 +736,7 @@ def plot(results_dir: Path, result: dict) -> Path:
         groups = [
             ("before", r["before_seconds"], "tab:red"),
             ("after", r["after_seconds"], "tab:green"),
+            (ONE_DELTA, r["one_file_delta_seconds"], "tab:cyan"),
             ("one file", r["one_file_seconds"], "tab:blue"),
         ]
         if r.get("after_cached_seconds"):
