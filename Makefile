@@ -35,7 +35,7 @@ SOAK_FORWARD_KILLS ?= 10
 # The daemon on a standalone Spark master killed at each of three moments (`make test`: one).
 CLUSTER_FAULTS ?= 3
 
-.PHONY: demo test lint format bench soak system-deps deps delta-jars clean
+.PHONY: demo test lint format bench soak system-deps deps delta-jars brokers clean
 
 demo: deps
 	$(VENV)/bin/fxgate demo
@@ -68,7 +68,7 @@ format: deps
 	$(RUFF) format --config .ci/ruff.toml actors persistence spark tests bench
 	$(RUFF) check --fix --config .ci/ruff.toml actors persistence spark tests bench
 
-deps: system-deps $(STAMP) $(DELTA_JARS) $(CDS_ARCHIVE)
+deps: system-deps $(STAMP) $(DELTA_JARS) $(CDS_ARCHIVE) $(HIVEMQ_LAUNCHER) $(MOCHI_BIN)
 
 delta-jars: $(DELTA_JARS)
 
@@ -82,6 +82,28 @@ $(DELTA_JARS) &: | system-deps
 			-DoutputDirectory=$(DELTA_JARS_DIR) || exit 1; \
 	done
 
+# The test brokers beside mosquitto (issue 25). HiveMQ CE embedded and its dependencies from
+# Maven Central (the version pinned in its pom.xml), with the launcher compiled beside them;
+# Mochi MQTT built from the Go module proxy's sources (pinned in go.mod and go.sum).
+HIVEMQ_SOURCES  := actors/devtools/brokers/hivemq
+HIVEMQ_DIR      := $(VENV)/share/fxgate/hivemq
+HIVEMQ_LAUNCHER := $(HIVEMQ_DIR)/launcher/FxgateHiveMQ.class
+MOCHI_SOURCES   := actors/devtools/brokers/mochi
+MOCHI_BIN       := $(VENV)/share/fxgate/bin/fxgate-mochi
+
+brokers: $(HIVEMQ_LAUNCHER) $(MOCHI_BIN)
+
+$(HIVEMQ_LAUNCHER): $(HIVEMQ_SOURCES)/pom.xml $(HIVEMQ_SOURCES)/FxgateHiveMQ.java | system-deps $(STAMP)
+	rm -rf $(HIVEMQ_DIR)
+	$(MVN) -f $(HIVEMQ_SOURCES)/pom.xml dependency:copy-dependencies \
+		-DoutputDirectory=$(abspath $(HIVEMQ_DIR))/lib
+	mkdir -p $(HIVEMQ_DIR)/launcher
+	javac -d $(HIVEMQ_DIR)/launcher -cp '$(HIVEMQ_DIR)/lib/*' $(HIVEMQ_SOURCES)/FxgateHiveMQ.java
+
+$(MOCHI_BIN): $(MOCHI_SOURCES)/main.go $(MOCHI_SOURCES)/go.mod $(MOCHI_SOURCES)/go.sum | system-deps $(STAMP)
+	mkdir -p $(dir $(MOCHI_BIN))
+	cd $(MOCHI_SOURCES) && GOFLAGS=-mod=readonly go build -o $(abspath $(MOCHI_BIN)) .
+
 # The Spark JVM's class data archive (spark/cds.py): made once per install, mapped by every
 # JVM start after it (Spark ready in about 3 s instead of 4-6). Without it everything works,
 # only slower to start, so a failure to make it is said and does not stop the install. Made
@@ -90,19 +112,24 @@ $(DELTA_JARS) &: | system-deps
 $(CDS_ARCHIVE): $(STAMP) $(DELTA_JARS)
 	$(VENV)/bin/python -m spark.cds_archive $(CDS_ARCHIVE) || echo "continuing without the class data archive"
 
-# mosquitto + clients always; a Java 17 runtime only when no `java` is on the PATH, and Maven
-# (which fetches the Delta jars) only when no `mvn` is.
+# mosquitto + clients always; a Java 17 runtime only when no `java` is on the PATH, a JDK only
+# when no `javac` is (it compiles HiveMQ's launcher), and Maven (which fetches the Delta jars and
+# HiveMQ) only when no `mvn` is. Go is not installed here: Debian's is older than Mochi's go.mod
+# asks for; a missing `go` stops the install with what to do.
 system-deps:
 	@missing=""; \
 	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto"; \
 	command -v mosquitto_pub >/dev/null || missing="$$missing mosquitto-clients"; \
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
+	command -v javac >/dev/null || missing="$$missing openjdk-17-jdk-headless"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
 	fi
+	@command -v go >/dev/null || { echo "Go is missing: Mochi MQTT, a test broker, is built with the \
+	Go in $(MOCHI_SOURCES)/go.mod or newer (https://go.dev/doc/install)"; exit 1; }
 
 $(STAMP): setup.cfg pyproject.toml
 	[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV)

@@ -3,7 +3,7 @@ Spark session per run."""
 
 import freezegun
 
-from tests.harness.broker import mosquitto, mosquitto_factory  # noqa: F401
+from tests.harness.broker import broker_factory, mosquitto, mosquitto_factory  # noqa: F401
 from tests.harness.daemon import daemon_factory  # noqa: F401
 from tests.harness.spark import spark_session  # noqa: F401
 from tests.harness.spark_cluster import spark_cluster  # noqa: F401

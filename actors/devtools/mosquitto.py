@@ -8,26 +8,14 @@ saves, listens on loopback only, and keeps its state in a directory of its own.
 
 from __future__ import annotations
 
-import logging
-import os
 import shutil
-import signal
-import socket
-import subprocess
-import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-log = logging.getLogger(__name__)
+from actors.devtools.broker_process import BrokerProcess
 
 READY_MARK = " running"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
 
 
 @dataclass(frozen=True)
@@ -100,107 +88,22 @@ def broker_config(
     return "\n".join(lines) + "\n"
 
 
-class MosquittoProcess:
+class MosquittoProcess(BrokerProcess):
     """One mosquitto on loopback; `stop`/`kill`/`start` keep its port and persistence dir."""
 
+    kind = "mosquitto"
+    ready_mark = READY_MARK
+
     def __init__(self, data_dir: Path, port: int | None = None, **config_options) -> None:
-        self.host = "127.0.0.1"
-        self.port = port or free_port(self.host)
-        self.data_dir = Path(data_dir)
-        self.data_dir.mkdir(parents=True, exist_ok=True)
+        super().__init__(data_dir, port)
         self.conf_path = self.data_dir / "mosquitto.conf"
         self.conf_path.write_text(broker_config(self.port, self.data_dir, **config_options))
         self.log_path = self.data_dir / "mosquitto.log"
-        self._proc: subprocess.Popen[str] | None = None
-        self._lines: list[str] = []
-        self._cond = threading.Condition()
-        self._reader: threading.Thread | None = None
 
-    @property
-    def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
-
-    @property
-    def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
-
-    def start(self, timeout: float = 15.0) -> None:
-        if self.running:
-            return
+    def argv(self) -> list[str]:
         binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        with self._cond:
-            self._lines = []
         # mosquitto block-buffers stdout into a pipe; line-buffer it so readiness is seen at once.
         argv = [binary, "-c", str(self.conf_path)]
         if shutil.which("stdbuf"):
             argv = ["stdbuf", "-oL", *argv]
-        self._proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            text=True,
-        )
-        self._reader = threading.Thread(
-            target=self._read_output, args=(self._proc,), name=f"mosquitto-{self.port}", daemon=True
-        )
-        self._reader.start()
-        if not self.wait_for_output(READY_MARK, timeout):
-            out = self.output()
-            self.kill()
-            raise RuntimeError(f"mosquitto on port {self.port} did not start:\n{out}")
-        log.info("mosquitto started on %s:%d (pid %d)", self.host, self.port, self._proc.pid)
-
-    def stop(self, timeout: float = 15.0) -> None:
-        """Graceful: SIGTERM makes mosquitto save sessions and queues before it exits."""
-        self._end(signal.SIGTERM, timeout)
-
-    def kill(self, timeout: float = 15.0) -> None:
-        """SIGKILL: what was not autosaved is lost, as in a power cut of the broker box."""
-        self._end(signal.SIGKILL, timeout)
-
-    def restart(self, timeout: float = 15.0) -> None:
-        self.stop(timeout)
-        self.start(timeout)
-
-    def _end(self, sig: signal.Signals, timeout: float) -> None:
-        proc = self._proc
-        if proc is None:
-            return
-        if proc.poll() is None:
-            os.kill(proc.pid, sig)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout)
-        if self._reader is not None:
-            self._reader.join(timeout)
-        self._proc = None
-        log.info("mosquitto on port %d ended by %s", self.port, sig.name)
-
-    def _read_output(self, proc: subprocess.Popen[str]) -> None:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            with self._cond:
-                self._lines.append(line.rstrip("\n"))
-                self._cond.notify_all()
-        proc.stdout.close()
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_for_output(self, text: str, timeout: float, start: int = 0) -> bool:
-        """Wait until a line containing `text` appears at or after line index `start`."""
-        with self._cond:
-            return self._cond.wait_for(
-                lambda: any(text in line for line in self._lines[start:]) or not self.running,
-                timeout,
-            ) and any(text in line for line in self._lines[start:])
-
-    def output(self) -> str:
-        with self._cond:
-            return "\n".join(self._lines)
-
-    def line_count(self) -> int:
-        with self._cond:
-            return len(self._lines)
+        return argv

@@ -23,7 +23,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from actors.app.status import collect_status, format_status
 from actors.clock import RealClock, SimulatedClock
 from actors.config.schema import Config, ConfigError, load_config
-from actors.devtools.mosquitto import ListenerTls, free_port
+from actors.devtools.broker_process import free_port
+from actors.devtools.mosquitto import ListenerTls
 from actors.devtools.simulate import TagEventGenerator
 from actors.lifecycle import SESSION_DISCONNECTED, LifecycleActor, client_info
 from actors.messages import ClientsConfigured

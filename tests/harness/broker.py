@@ -1,4 +1,5 @@
-"""Real mosquitto brokers for tests, each on a free loopback port with its own config and data."""
+"""Real brokers for tests, each on a free loopback port with its own config and data folder:
+mosquitto (Debian's), HiveMQ CE embedded and Mochi MQTT (both installed by `make`)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,26 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from actors.devtools.broker_process import BrokerProcess
+from actors.devtools.hivemq import HiveMQProcess
+from actors.devtools.mochi import MochiProcess
 from actors.devtools.mosquitto import MosquittoProcess
+
+BROKERS: dict[str, type[BrokerProcess]] = {
+    "mosquitto": MosquittoProcess,
+    "hivemq": HiveMQProcess,
+    "mochi": MochiProcess,
+}
 
 
 @pytest.fixture
-def mosquitto_factory(tmp_path_factory) -> Iterator[Callable[..., MosquittoProcess]]:
-    """Start brokers on demand; every one is ended (by its own PID) when the test ends."""
-    started: list[MosquittoProcess] = []
+def broker_factory(tmp_path_factory) -> Iterator[Callable[..., BrokerProcess]]:
+    """Start brokers of any kind on demand; every one is ended (by its own PID) when the test
+    ends."""
+    started: list[BrokerProcess] = []
 
-    def make(**config_options) -> MosquittoProcess:
-        broker = MosquittoProcess(tmp_path_factory.mktemp("mosquitto"), **config_options)
+    def make(kind: str, **options) -> BrokerProcess:
+        broker = BROKERS[kind](tmp_path_factory.mktemp(kind), **options)
         started.append(broker)
         broker.start()
         return broker
@@ -23,6 +34,14 @@ def mosquitto_factory(tmp_path_factory) -> Iterator[Callable[..., MosquittoProce
     yield make
     for broker in started:
         broker.kill()
+
+
+@pytest.fixture
+def mosquitto_factory(broker_factory) -> Callable[..., MosquittoProcess]:
+    def make(**config_options) -> MosquittoProcess:
+        return broker_factory("mosquitto", **config_options)
+
+    return make
 
 
 @pytest.fixture

@@ -22,7 +22,7 @@ import psutil
 import pyspark
 import pytest
 
-from actors.devtools.mosquitto import free_port
+from actors.devtools.broker_process import free_port
 from tests.harness.watched_process import WatchedProcess
 
 PYSPARK_HOME = Path(pyspark.__file__).resolve().parent

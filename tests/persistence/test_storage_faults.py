@@ -24,7 +24,7 @@ import sqlalchemy
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
 from actors.config.routes import Route
-from actors.devtools.mosquitto import free_port
+from actors.devtools.broker_process import free_port
 from actors.devtools.simulate import expected_read_ids, simulate
 from actors.ledger import InboundLedger, LedgerRecord
 from actors.lifecycle import LifecycleActor

@@ -11,7 +11,7 @@ from prometheus_client.exposition import generate_latest
 
 from actors.app.metrics import HealthThresholds, MetricsServer, StatusBoard, build_registry
 from actors.clock import SimulatedClock
-from actors.devtools.mosquitto import free_port
+from actors.devtools.broker_process import free_port
 from actors.devtools.simulate import simulate
 from spark.reader_health import ReaderHealth
 from tests.harness.checks import wait_until

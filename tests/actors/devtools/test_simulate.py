@@ -8,7 +8,7 @@ import pytest
 from paho.mqtt.enums import CallbackAPIVersion
 
 from actors.clock import SimulatedClock
-from actors.devtools.mosquitto import free_port
+from actors.devtools.broker_process import free_port
 from actors.devtools.simulate import (
     FCC_CHANNELS_MHZ,
     Pacer,
