@@ -25,6 +25,15 @@ delta_jar = $(DELTA_JARS_DIR)/$(word 2,$(subst :, ,$(1)))-$(DELTA_VERSION).jar
 DELTA_JARS := $(foreach artifact,$(DELTA_ARTIFACTS),$(call delta_jar,$(artifact)))
 MVN := mvn -B -q --strict-checksums
 
+# The test brokers beside mosquitto (issue 25). HiveMQ CE embedded and its dependencies from
+# Maven Central (the version pinned in its pom.xml), with the launcher compiled beside them;
+# Mochi MQTT built from the Go module proxy's sources (pinned in go.mod and go.sum).
+HIVEMQ_SOURCES  := actors/devtools/brokers/hivemq
+HIVEMQ_DIR      := $(VENV)/share/fxgate/hivemq
+HIVEMQ_LAUNCHER := $(HIVEMQ_DIR)/launcher/FxgateHiveMQ.class
+MOCHI_SOURCES   := actors/devtools/brokers/mochi
+MOCHI_BIN       := $(VENV)/share/fxgate/bin/fxgate-mochi
+
 # The full soak (issue 3): at least 20 daemon SIGKILLs, 5 broker restarts, 50 connection flaps
 # per QoS; with a route upstream, also 50 upstream flaps and 10 SIGKILLs of the forward process.
 # Results go to bench/results/soak-*.json. `make test` runs a short schedule, each soak at one QoS.
@@ -82,15 +91,7 @@ $(DELTA_JARS) &: | system-deps
 			-DoutputDirectory=$(DELTA_JARS_DIR) || exit 1; \
 	done
 
-# The test brokers beside mosquitto (issue 25). HiveMQ CE embedded and its dependencies from
-# Maven Central (the version pinned in its pom.xml), with the launcher compiled beside them;
-# Mochi MQTT built from the Go module proxy's sources (pinned in go.mod and go.sum).
-HIVEMQ_SOURCES  := actors/devtools/brokers/hivemq
-HIVEMQ_DIR      := $(VENV)/share/fxgate/hivemq
-HIVEMQ_LAUNCHER := $(HIVEMQ_DIR)/launcher/FxgateHiveMQ.class
-MOCHI_SOURCES   := actors/devtools/brokers/mochi
-MOCHI_BIN       := $(VENV)/share/fxgate/bin/fxgate-mochi
-
+# The test brokers beside mosquitto (variables above).
 brokers: $(HIVEMQ_LAUNCHER) $(MOCHI_BIN)
 
 $(HIVEMQ_LAUNCHER): $(HIVEMQ_SOURCES)/pom.xml $(HIVEMQ_SOURCES)/FxgateHiveMQ.java | system-deps $(STAMP)

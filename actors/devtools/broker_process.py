@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -28,8 +29,6 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def installed(*parts: str) -> Path:
     """Where `make` installs a broker's files: under the virtualenv, as the Delta jars."""
-    import sys
-
     return Path(sys.prefix, "share", "fxgate", *parts)
 
 
