@@ -50,7 +50,7 @@ import matplotlib.ticker
 import numpy as np
 
 from actors.app.daemon import STATUS_FILE
-from actors.devtools.mosquitto import MosquittoProcess
+from actors.devtools.mosquitto import SHIPPED_LIMITS, MosquittoProcess
 from actors.devtools.simulate import expected_read_ids
 from bench.benchmarks import QUIET_OTHER_CORES, Benchmark, Context
 from bench.harness import REPO, BenchError, LoadMeter, wait_for_quiet
@@ -84,7 +84,7 @@ RATE = 300.0  # messages/s in total, from bench.harness.PUBLISHING_READERS simul
 # ("each once" is checkable there), the upstream's backoff capped (the drain measures fxgate
 # draining, not a 120 s backoff after a long outage).
 # mosquitto's shipped defaults (DESIGN §4): the point of the benchmark.
-SOURCE_LIMITS = {"max_queued_messages": 1000, "max_inflight_messages": 20}
+SOURCE_LIMITS = SHIPPED_LIMITS
 # The code before issue 12 (the last commit before "the ledger is the buffer").
 OLD_COMMIT = "60ff810"
 

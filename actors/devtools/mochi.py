@@ -23,7 +23,9 @@ class MochiProcess(BrokerProcess):
     kind = "mochi"
     ready_mark = READY_MARK
 
-    def __init__(self, data_dir: Path, port: int | None = None, *, binary: Path | None = None):
+    def __init__(
+        self, data_dir: Path, port: int | None = None, *, binary: Path | None = None
+    ) -> None:
         super().__init__(data_dir, port)
         self.binary = binary or installed("bin", "fxgate-mochi")
         self.state_dir = self.data_dir / "pebble"

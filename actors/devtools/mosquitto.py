@@ -16,6 +16,10 @@ from pathlib import Path
 from actors.devtools.broker_process import BrokerProcess
 
 READY_MARK = " running"
+# mosquitto 2.0.11's own limits, as operators run it (DESIGN §4): past 1,000 queued messages an
+# offline client's QoS 1/2 messages are dropped, and 20 are in flight per client. `broker_config`
+# holds far more by default, on purpose; tests and benchmarks of the field pass these.
+SHIPPED_LIMITS = {"max_queued_messages": 1000, "max_inflight_messages": 20}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ import pytest
 from actors.backoff import Backoff
 from actors.clock import RealClock
 from actors.config.schema import load_config
+from actors.devtools.mosquitto import SHIPPED_LIMITS
 from actors.devtools.simulate import expected_read_ids, simulate
 from actors.mqtt.upstream import IDEMPOTENCY_PROPERTY
 from actors.supervisor import Supervisor
@@ -30,7 +31,7 @@ from tests.harness.mqtt import Collector
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
 
 # mosquitto 2.0.11 as shipped: what operators run.
-SHIPPED = {"max_queued_messages": 1000, "max_inflight_messages": 20}
+SHIPPED = SHIPPED_LIMITS
 DROPPED = "Outgoing messages are being dropped"
 READERS = ("fx9600-01", "fx9600-02")
 TIER2_CAP = 100

@@ -10,13 +10,14 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
+from actors.devtools.mosquitto import SHIPPED_LIMITS
 from tests.harness.mqtt import Collector, publish_all
 
 pytestmark = pytest.mark.broker
 
 SHIPPED = {
     # mosquitto as it ships (the suite's default broker holds far more, on purpose).
-    "mosquitto": {"max_queued_messages": 1000, "max_inflight_messages": 20},
+    "mosquitto": SHIPPED_LIMITS,
     "hivemq": {},
     "mochi": {},
 }
