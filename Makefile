@@ -8,6 +8,8 @@ CDS_ARCHIVE := $(VENV)/share/fxgate/spark-classes.jsa
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 RUFF     := $(VENV)/bin/ruff
 PYTEST_ARGS ?=
+# The broker `make demo` starts: mosquitto, hivemq or mochi (`make demo BROKER=hivemq`).
+BROKER   ?= mosquitto
 
 # Delta Lake's jars for the Spark JVM (DESIGN §7.7), fetched from Maven Central by Maven's own
 # client into the virtualenv, where spark/session.py looks for them (DELTA_VERSION and the file
@@ -47,7 +49,7 @@ CLUSTER_FAULTS ?= 3
 .PHONY: demo test lint format bench soak system-deps deps delta-jars brokers clean
 
 demo: deps
-	$(VENV)/bin/fxgate demo
+	$(VENV)/bin/fxgate demo --broker $(BROKER)
 
 test: deps lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)

@@ -109,10 +109,10 @@ def ledger_client_factory(listener, intake: IntakeGate | None = None) -> ClientF
     def make(client_id: str, monotonic: Callable[[], float], owner: pykka.ActorRef):
         relay = ConnectionRelay(owner)
 
-        def forward(packets: list) -> None:
-            if intake is not None:
+        def forward(packets: list, over: bool) -> None:
+            if intake is not None and packets:
                 intake.admit(sum(packet_size(p) for p in packets), len(packets))
-            listener.tell(InboundBurst(tuple(packets), relay))
+            listener.tell(InboundBurst(tuple(packets), relay, over))
 
         client = LedgerClient(client_id, forward, monotonic)
         if intake is not None:

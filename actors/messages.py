@@ -62,10 +62,12 @@ class Inbound:
 class InboundBurst:
     """Packets of the source connection handed over together, in the order they came (up to
     HAND_OVER_PACKETS of a read burst in one actor message: actors.mqtt.client), with the way
-    back for their acknowledgements."""
+    back for their acknowledgements. `over`: the read burst ended with the socket empty (the
+    packets may be none then: the burst's last hand-over took them all)."""
 
     packets: tuple[InboundPublish | InboundPubrel, ...]
     acks: object  # actors.mqtt.client.AckSender
+    over: bool = False
 
     def __iter__(self) -> Iterator[Inbound]:
         return (Inbound(packet, self.acks) for packet in self.packets)

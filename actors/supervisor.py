@@ -91,8 +91,8 @@ def source_settings(config: Config, environ=None) -> ConnectionSettings:
         "source",
         config.source,
         config.identity.client_id,
-        # One pack in flight from the broker while the ledger commits it.
-        config.packs.max_messages,
+        # Unset: one pack in flight from the broker while the ledger commits it.
+        config.source.receive_maximum or config.packs.max_messages,
         environ,
         subscriptions=config.identity.subscriptions,
         qos=config.source.qos,

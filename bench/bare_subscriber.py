@@ -1,7 +1,7 @@
 """The baseline: a bare paho-mqtt 2.2 subscriber with manual acks, draining its queued session.
 
     python -m bench.bare_subscriber HOST PORT CLIENT_ID --qos Q --messages N [--parse]
-                                    [--broker-pid PID]
+                                    [--broker-pid PID] [--receive-maximum W]
 
 It resumes the persistent session CLIENT_ID (created and filled beforehand by the bench), acks
 every message from `on_message` (QoS 1: PUBACK; QoS 2: PUBCOMP — paho has already sent PUBREC
@@ -12,8 +12,9 @@ on arrival and calls `on_message` at PUBREL, DESIGN §4) and prints one JSON lin
 `seconds` runs from the first PUBLISH paho decodes to the N-th final ack handed to paho: the
 same two points the gateway worker measures, so connect time is outside both. With --parse each
 payload is decoded as JSON to count its reads (batched FX9600 arrays): the least a consumer of
-reads must do. Nothing else: no storage, no forwarding. paho's defaults are kept (no Receive
-Maximum is sent, so the broker's `max_inflight_messages` governs).
+reads must do. Nothing else: no storage, no forwarding. paho's defaults are kept: no Receive
+Maximum is sent, so the broker's own cap (mosquitto's `max_inflight_messages`) governs, unless
+--receive-maximum asks for a window of W, as fxgate's `source.receive_maximum` does.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ def main() -> int:
     parser.add_argument("--parse", action="store_true")
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--broker-pid", type=int, default=None)
+    parser.add_argument("--receive-maximum", type=int, default=None)
     args = parser.parse_args()
     cpu = CpuClock(args.broker_pid)
 
@@ -112,6 +114,8 @@ def main() -> int:
     client.on_message = on_message
     properties = Properties(PacketTypes.CONNECT)
     properties.SessionExpiryInterval = 3600
+    if args.receive_maximum is not None:
+        properties.ReceiveMaximum = args.receive_maximum
     client.connect(args.host, args.port, keepalive=60, clean_start=False, properties=properties)
     client.loop_start()
     ok = finished.wait(args.timeout) and state["done"] is not None

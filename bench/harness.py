@@ -35,7 +35,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from actors.devtools.mosquitto import MosquittoProcess
+from actors.devtools.broker_kinds import DEFAULT_BROKER, make_broker
+from actors.devtools.broker_process import BrokerProcess
 from actors.devtools.simulate import simulate
 
 log = logging.getLogger(__name__)
@@ -126,20 +127,21 @@ def wait_for_quiet(max_other_cores: float, timeout: float, window: float = 1.0) 
 
 
 @contextlib.contextmanager
-def fresh_broker(directory: Path) -> Iterator[MosquittoProcess]:
-    """A mosquitto on a port found free just before. Another process can take that port in
-    between (a bench run once lost a sample to "Address already in use"): then it tries again on
-    another port, up to PORT_TRIES times in all."""
+def fresh_broker(directory: Path, kind: str = DEFAULT_BROKER, **options) -> Iterator[BrokerProcess]:
+    """A broker of `kind` (mosquitto: the project's deliberate config unless `options` say
+    otherwise) on a port found free just before. Another process can take that port in between
+    (a bench run once lost a sample to "Address already in use"): then it tries again on another
+    port, up to PORT_TRIES times in all."""
     for attempt in range(1, PORT_TRIES + 1):
-        broker = MosquittoProcess(directory)
+        broker = make_broker(kind, directory, **options)
         try:
             broker.start()
             break
         except RuntimeError as error:
-            if "Address already in use" not in str(error) or attempt == PORT_TRIES:
+            if "in use" not in str(error) or attempt == PORT_TRIES:
                 raise
             log.warning(
-                "mosquitto could not bind port %d (taken meanwhile): another port", broker.port
+                "%s could not bind port %d (taken meanwhile): another port", kind, broker.port
             )
     try:
         yield broker
@@ -168,7 +170,7 @@ def create_session(host: str, port: int, client_id: str, topic: str, qos: int) -
 
 
 def prequeue(
-    broker: MosquittoProcess, client_id: str, messages: int, qos: int, batch: int, seed: int
+    broker: BrokerProcess, client_id: str, messages: int, qos: int, batch: int, seed: int
 ) -> dict:
     """Steps 2 and 3 of a round; returns what was queued (every message acknowledged)."""
     if messages % PUBLISHING_READERS:
@@ -194,7 +196,12 @@ def prequeue(
 
 
 def run_bare_subscriber(
-    broker: MosquittoProcess, qos: int, messages: int, parse: bool, timeout: float = 300.0
+    broker: BrokerProcess,
+    qos: int,
+    messages: int,
+    parse: bool,
+    timeout: float = 300.0,
+    receive_maximum: int | None = None,
 ) -> dict:
     argv = [
         sys.executable,
@@ -214,6 +221,8 @@ def run_bare_subscriber(
         argv.append("--parse")
     if broker.pid:
         argv += ["--broker-pid", str(broker.pid)]
+    if receive_maximum is not None:
+        argv += ["--receive-maximum", str(receive_maximum)]
     return run_json_command(argv, "bare subscriber", timeout + 60)
 
 
@@ -231,7 +240,7 @@ def run_json_command(argv: list[str], what: str, timeout: float) -> dict:
     return result
 
 
-def fxgate_env(broker: MosquittoProcess, data_dir: Path, qos: int, **overrides: str) -> dict:
+def fxgate_env(broker: BrokerProcess, data_dir: Path, qos: int, **overrides: str) -> dict:
     """The daemon's configuration for one round, as `FXGATE__` overrides of the defaults."""
     env = {
         "FXGATE__GATEWAY__DATA_DIR": str(data_dir),

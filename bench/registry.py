@@ -22,6 +22,7 @@ MODULES = (
     "bench.delta_log",
     "bench.start",
     "bench.parse_where",
+    "bench.windows",
 )
 
 

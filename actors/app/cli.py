@@ -33,6 +33,19 @@ config_option = click.option(
 )
 
 
+# The brokers `make` installs (actors.devtools.broker_kinds); spelled out here so that the
+# command's help needs no import of the broker modules.
+BROKER_KINDS = ("mosquitto", "hivemq", "mochi")
+
+broker_option = click.option(
+    "--broker",
+    type=click.Choice(BROKER_KINDS),
+    default="mosquitto",
+    show_default=True,
+    help="the local broker to start (installed by `make`)",
+)
+
+
 @click.group()
 def main() -> None:
     """fxgate: Zebra FX9600 reads from MQTT into Spark tables, exactly once."""
@@ -104,6 +117,20 @@ def run(config_path: Path | None) -> None:
     show_default=True,
     help="where the management events go ({reader} = the reader's name)",
 )
+@click.option(
+    "--broker",
+    type=click.Choice(BROKER_KINDS),
+    default=None,
+    help="start this local broker (installed by `make`) on --port first, and keep it running "
+    "after the readers are done until Ctrl-C or SIGTERM; without it, publish to the broker "
+    "at --host:--port",
+)
+@click.option(
+    "--broker-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="the started broker's data folder, kept across runs (default .simulate/BROKER)",
+)
 def simulate(
     host,
     port,
@@ -117,13 +144,38 @@ def simulate(
     heartbeat_every,
     gpi_every,
     management_topic,
+    broker,
+    broker_dir,
 ) -> None:
     """Publish realistic FX9600 tag events to zebra/fx/<reader>/reads, and optionally
     heartbeats and GPI events to the management topic."""
+    from actors.devtools.broker_kinds import serve_until_stopped
+
+    logging.basicConfig(level=logging.WARNING)
+    extra = {
+        "heartbeat_every": heartbeat_every,
+        "gpi_every": gpi_every,
+        "management_topic": management_topic,
+    }
+    if broker is None:
+        sys.exit(_simulate(host, port, readers, rate, count, qos, batch, seed, manifest, **extra))
+    if host not in ("127.0.0.1", "localhost"):
+        raise click.UsageError("--broker starts a broker on loopback: leave --host out")
+    directory = broker_dir or Path(".simulate") / broker
+    with serve_until_stopped(broker, directory, port, say=click.echo) as started:
+        code = _simulate(
+            started.host, started.port, readers, rate, count, qos, batch, seed, manifest, **extra
+        )
+    sys.exit(code)
+
+
+def _simulate(host, port, readers, rate, count, qos, batch, seed, manifest, **management) -> int:
     from actors.devtools.simulate import simulate as run_simulation
     from actors.devtools.simulate import write_manifest
 
-    logging.basicConfig(level=logging.WARNING)
+    heartbeat_every = management["heartbeat_every"]
+    gpi_every = management["gpi_every"]
+    management_topic = management["management_topic"]
     result = run_simulation(
         host,
         port,
@@ -145,7 +197,7 @@ def simulate(
         f"published {len(result.published)} messages ({reads} reads{extra}) from {readers} "
         f"reader(s) at QoS {qos} in {result.seconds:.1f} s; {result.failed} failed"
     )
-    sys.exit(1 if result.failed else 0)
+    return 1 if result.failed else 0
 
 
 @main.command()
@@ -452,7 +504,10 @@ def compact(config_path: Path | None) -> None:
     type=click.IntRange(min=0),
     help="a GPI change per this many messages of a reader; 0 = none",
 )
-def demo(workdir: Path, count: int, rate: float, heartbeat_every: int, gpi_every: int) -> None:
+@broker_option
+def demo(
+    workdir: Path, count: int, rate: float, heartbeat_every: int, gpi_every: int, broker: str
+) -> None:
     """Broker + two simulated readers + the gateway; the broker restarts midway."""
     from actors.devtools.demo import run_demo
 
@@ -460,7 +515,12 @@ def demo(workdir: Path, count: int, rate: float, heartbeat_every: int, gpi_every
     logging.getLogger("py4j").setLevel(logging.WARNING)
     sys.exit(
         run_demo(
-            workdir, count=count, rate=rate, heartbeat_every=heartbeat_every, gpi_every=gpi_every
+            workdir,
+            count=count,
+            rate=rate,
+            heartbeat_every=heartbeat_every,
+            gpi_every=gpi_every,
+            broker_kind=broker,
         )
     )
 

@@ -305,6 +305,9 @@ class SourceConfig(_BrokerSection):
     # tag data by their envelope on the topics above.
     management_topics: Annotated[tuple[TopicFilter, ...], BeforeValidator(_list_as_tuple)] = ()
     qos: int = Field(2, ge=0, le=2)
+    # MQTT 5 §3.1.2.11.3 Receive Maximum: how many QoS 1/2 reads the broker may send before we
+    # acknowledge. None: one pack (packs.max_messages). The broker grants at most its own cap.
+    receive_maximum: int | None = Field(None, ge=1, le=65535)
     clean_session: bool = False
     # MQTT 5 §3.1.2.11.2: a four-byte integer; 0xFFFFFFFF means the session never expires.
     session_expiry_interval_seconds: int = Field(3600, ge=0, le=0xFFFFFFFF)

@@ -1,5 +1,9 @@
 """`make demo`: a local broker, two simulated FX9600 readers and the gateway on its defaults.
 
+The broker is mosquitto unless `--broker` names another of actors.devtools.broker_kinds
+(`make demo BROKER=hivemq`): mosquitto with the project's deliberate configuration, HiveMQ CE and
+Mochi MQTT as shipped (their queues hold far more than a phase leaves waiting here).
+
 Phase 1 publishes at QoS 1, the broker is restarted (its saved session keeps what the gateway had
 not taken yet), phase 2 publishes at QoS 2; then the gateway is stopped with SIGTERM and the reads
 table is read back through Spark and compared with what the readers got acknowledged.
@@ -23,7 +27,7 @@ from pathlib import Path
 
 from actors.app.status import collect_status, format_status
 from actors.config.schema import load_config
-from actors.devtools.mosquitto import MosquittoProcess
+from actors.devtools.broker_kinds import DEFAULT_BROKER, make_broker
 from actors.devtools.simulate import expected_read_ids, simulate
 from spark.report import compare, landed_ids_spark
 from spark.session import build_session, stop_session
@@ -51,11 +55,12 @@ def run_demo(
     rate: float = 300.0,
     heartbeat_every: int = 500,
     gpi_every: int = 250,
+    broker_kind: str = DEFAULT_BROKER,
 ) -> int:
     workdir = workdir.resolve()
     shutil.rmtree(workdir, ignore_errors=True)
     workdir.mkdir(parents=True)
-    broker = MosquittoProcess(workdir / "broker")
+    broker = make_broker(broker_kind, workdir / "broker")
     daemon: subprocess.Popen | None = None
     env = {
         **os.environ,
@@ -67,7 +72,7 @@ def run_demo(
     config = load_config(None, environ=env)
     try:
         broker.start()
-        say(f"mosquitto on 127.0.0.1:{broker.port} (config {broker.conf_path})")
+        say(f"{broker_kind} on 127.0.0.1:{broker.port} (pid {broker.pid}, data {broker.data_dir})")
         log_file = open(workdir / "gateway.log", "w")  # noqa: SIM115 - lives as long as the daemon
         daemon = subprocess.Popen(
             [sys.executable, "-m", "actors.app.cli", "run"],

@@ -138,6 +138,7 @@ class EpochClient(mqtt.Client):
         self._on_arrived = on_arrived
         self._arrived: list = []
         self._arrived_bytes = 0
+        self._handed_in_burst = False  # handed over, and the burst not said to be over yet
 
     def reconnect(self) -> MQTTErrorCode:
         # A new epoch before paho drops its queued packets: a packet raced in after this point is
@@ -152,6 +153,7 @@ class EpochClient(mqtt.Client):
         packets = 0
         self._burst_bytes = 0
         rc = MQTTErrorCode.MQTT_ERR_SUCCESS
+        drained = False
         try:
             while True:
                 if self._sock is None:
@@ -160,7 +162,10 @@ class EpochClient(mqtt.Client):
                 self._refill = packets < BURST_PACKETS and self._burst_bytes < BURST_BYTES
                 result = self._packet_read()
                 if result == MQTTErrorCode.MQTT_ERR_AGAIN:
-                    break  # the buffer is empty: the rest of the socket waits for select
+                    # The buffer is empty: the rest of the socket waits for select. When the
+                    # socket had nothing more either, the burst is over.
+                    drained = self._refill
+                    break
                 if result > 0:
                     rc = self._loop_rc_handle(result)
                     break
@@ -169,7 +174,7 @@ class EpochClient(mqtt.Client):
                     self._hand_over()
         finally:
             self._refill = True
-            self._hand_over()
+            self._hand_over(over=drained)
         return rc
 
     def _sock_recv(self, bufsize: int) -> bytes:
@@ -196,12 +201,19 @@ class EpochClient(mqtt.Client):
             if self._arrived_bytes >= HAND_OVER_BYTES:
                 self._hand_over()
 
-    def _hand_over(self) -> None:
+    def _hand_over(self, over: bool = False) -> None:
         """Hand over what arrived: at the end of a burst, every HAND_OVER_PACKETS within it,
-        and at once past HAND_OVER_BYTES."""
-        if self._arrived:
+        and at once past HAND_OVER_BYTES. `over`: the socket has nothing more for now, so
+        nothing more arrives until the broker sends again; a burst whose packets all went in
+        earlier hand-overs still says so, with an empty one."""
+        if self._arrived or (over and self._handed_in_burst):
             arrived, self._arrived = self._arrived, []
             self._arrived_bytes = 0
+            self._handed_in_burst = not over
+            self._deliver(arrived, over)
+
+    def _deliver(self, arrived: list, over: bool) -> None:
+        if arrived:
             self._on_arrived(arrived)
 
     # -- packets from other threads ---------------------------------------------------------
@@ -221,12 +233,18 @@ class LedgerClient(EpochClient, AckSender):
     def __init__(
         self,
         client_id: str,
-        on_packets: Callable[[list[InboundPublish | InboundPubrel]], None],
+        on_packets: Callable[[list[InboundPublish | InboundPubrel], bool], None],
         monotonic: Callable[[], float],
     ) -> None:
         """`on_packets` gets the PUBLISHes and PUBRELs read, in the order they came, a list at
-        each hand-over (module docstring)."""
-        super().__init__(client_id, monotonic, manual_ack=True, on_arrived=on_packets)
+        each hand-over (module docstring), and whether the read burst is over: then the broker
+        sends nothing more until it has sent again, and perhaps not before we acknowledge (its
+        window is full), so the ledger commits what it holds at once."""
+        super().__init__(client_id, monotonic, manual_ack=True, on_arrived=lambda _: None)
+        self._on_packets = on_packets
+
+    def _deliver(self, arrived: list, over: bool) -> None:
+        self._on_packets(arrived, over)
 
     def send_ack(self, epoch: int, kind: AckKind, packet_id: int) -> bool:
         return self.send_acks(epoch, ((kind, packet_id),))

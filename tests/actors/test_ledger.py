@@ -271,6 +271,28 @@ def test_acks_wait_for_the_group_commit_timer_on_the_clock(start_ledger, db_path
     assert ledger.proxy().counts.get(timeout=5)["commits"] == 1
 
 
+def test_a_burst_that_is_over_commits_at_once_without_waiting_for_the_timer(start_ledger, db_path):
+    """A broker with a window of 1 sends nothing more until we ack: waiting out the group timer
+    made every message wait the whole delay (5,000 reads took 29.7 s, issue 25)."""
+    clock = SimulatedClock()
+    started = clock.monotonic()
+    ledger = start_ledger(clock, group_commit_max_delay=10.0, group_commit_max_messages=100)
+    acks = RecordingAcks(db_path)
+    ledger.tell(InboundBurst((publish(1, b"a"),), acks, over=False))
+    assert clock.wait_for_timers(1)  # mid-burst: the group waits for the rest
+    assert acks.acks == []
+    ledger.tell(InboundBurst((publish(2, b"b", qos=2),), acks, over=True))
+    assert acks.wait_for(2) == [(AckKind.PUBACK, 1), (AckKind.PUBREC, 2)]
+    ledger.tell(InboundBurst((InboundPubrel(epoch=1, packet_id=2),), acks, over=True))
+    assert acks.wait_for(3)[-1] == (AckKind.PUBCOMP, 2)
+    # An empty burst end (its packets came in earlier hand-overs) commits what they left.
+    ledger.tell(InboundBurst((publish(3, b"c"),), acks, over=False))
+    ledger.tell(InboundBurst((), acks, over=True))
+    assert acks.wait_for(4)[-1] == (AckKind.PUBACK, 3)
+    assert ledger.proxy().counts.get(timeout=5)["commits"] == 3
+    assert clock.monotonic() == started  # the clock never moved: no timer was waited for
+
+
 def test_a_full_group_commits_without_waiting_for_the_timer(start_ledger, db_path):
     clock = SimulatedClock()
     ledger = start_ledger(clock, group_commit_max_delay=10.0, group_commit_max_messages=3)

@@ -7,16 +7,9 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
+from actors.devtools.broker_kinds import BROKERS
 from actors.devtools.broker_process import BrokerProcess
-from actors.devtools.hivemq import HiveMQProcess
-from actors.devtools.mochi import MochiProcess
 from actors.devtools.mosquitto import MosquittoProcess
-
-BROKERS: dict[str, type[BrokerProcess]] = {
-    "mosquitto": MosquittoProcess,
-    "hivemq": HiveMQProcess,
-    "mochi": MochiProcess,
-}
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ def listener():
 
 
 def _source(client_id):
-    return LedgerClient(client_id, lambda packets: None, lambda: 0.0)
+    return LedgerClient(client_id, lambda packets, over: None, lambda: 0.0)
 
 
 def _upstream(client_id):
@@ -70,8 +70,18 @@ class Source:
     def __init__(self, listener, kind=LedgerClient):
         self.listener = listener
         self.hand_overs: list[list] = []
-        self.client = kind("fxgate-test", self.hand_overs.append, lambda: 0.0)
+        # The source's hand-overs say whether the read burst is over (the upstream's do not).
+        self.over: list[bool] = []
+        if kind is LedgerClient:
+            self.client = kind("fxgate-test", self._packets, lambda: 0.0)
+        else:
+            self.client = kind("fxgate-test", self.hand_overs.append, lambda: 0.0)
         self.server = self.connect()
+
+    def _packets(self, packets: list, over: bool) -> None:
+        if packets:
+            self.hand_overs.append(packets)
+        self.over.append(over)
 
     def connect(self, again=False):
         port = self.listener.getsockname()[1]
@@ -122,6 +132,35 @@ def test_many_packets_read_at_once_come_in_order_in_hand_overs_and_nothing_stall
     # A burst reads no more than BURST_PACKETS from the socket, then ends with what its buffer
     # holds (at most READ_CHUNK bytes): the network thread gets round its loop meanwhile.
     assert max(per_call) <= BURST_PACKETS + READ_CHUNK // 150 + 1
+
+
+def test_a_burst_that_empties_the_socket_says_so_even_when_earlier_hand_overs_took_all(source):
+    """At a small window the broker sends nothing more until we acknowledge: the ledger must
+    know when a burst is over to commit at once (it used to wait out its group timer)."""
+    source.server.sendall(CONNACK + b"".join(publish_bytes(n) for n in range(HAND_OVER_PACKETS)))
+    source.read_until(HAND_OVER_PACKETS)
+    readable, _, _ = select.select([source.client.socket()], [], [], 0)
+    if readable:  # the rest of the bytes came after the first read: one more burst
+        assert source.client.loop_read() == MQTTErrorCode.MQTT_ERR_SUCCESS
+    assert [len(batch) for batch in source.hand_overs][-1] <= HAND_OVER_PACKETS
+    assert source.over[-1] is True
+    assert source.over.count(True) == 1 + bool(readable)
+
+
+def test_a_burst_cut_at_its_packet_limit_is_not_said_to_be_over(source):
+    """A burst that stopped reading the socket at BURST_PACKETS does not know the socket is
+    empty: it must not say so (the ledger's group timer commits then, as at a large window)."""
+    count = 1000
+    source.server.sendall(CONNACK + b"".join(publish_bytes(n) for n in range(count)))
+    ends = []
+    while sum(handed for handed, _ in ends) < count:
+        readable, _, _ = select.select([source.client.socket()], [], [], 10)
+        assert readable
+        before, said = len(source.payloads()), len(source.over)
+        assert source.client.loop_read() == MQTTErrorCode.MQTT_ERR_SUCCESS
+        ends.append((len(source.payloads()) - before, source.over[said:][-1:] == [True]))
+    assert any(handed > BURST_PACKETS for handed, _ in ends), "no burst was cut: send more"
+    assert all(not over for handed, over in ends if handed > BURST_PACKETS)
 
 
 def test_a_packet_split_across_reads_is_handed_over_once_it_is_whole(source):
