@@ -536,17 +536,19 @@ def test_no_more_than_the_brokers_receive_maximum_is_ever_in_flight(outbound_wit
     assert len(client.sent) == 5
 
 
-def test_retry_all_resends_the_unacknowledged_with_the_same_ids_then_dead_letters_them(
+def test_retry_all_gives_the_unacknowledged_their_retries_then_dead_letters_them(
     outbound_with,
 ):
     client = ScriptedClient(answer=None)
     ref, clock, writer = outbound_with(client, packs=packs_of(1, 2), retries=3)
-    first = client.wait_sent(2)
-    for attempt in range(3):
+    client.wait_sent(2)
+    for _ in range(3):
         assert clock.wait_for_timers(1)
         clock.advance(20.0)
-        again = client.wait_sent(2 * (attempt + 2))[-2:]
-        assert [(p, d) for _, p, d, *_ in again] == [(p, True) for _, p, _d, *_ in first]
+    # Not sent again on the live connection (MQTT 5 §4.4; HiveMQ CE counts a copy against its
+    # Receive Maximum until the connection ends: actors/outbound.py, `_resend_live`).
+    assert ref.proxy().status().get(timeout=5)["retries"] == 3
+    assert len(client.sent) == 2
     clock.advance(20.0)
     (report,) = writer.wait_for(lambda m: len(m) == 1)
     assert report.dead == ((1, "forward_failed"), (2, "forward_failed"))
@@ -574,7 +576,7 @@ def test_an_upstream_outage_does_not_count_against_the_packs_retries(outbound_wi
     # Connected again, the pack's own budget applies: one retry, then dead letters.
     assert clock.wait_for_timers(1)
     clock.advance(20.0)
-    client.wait_sent(6)
+    assert ref.proxy().status().get(timeout=5)["retries"] == 1
     assert clock.wait_for_timers(1)
     clock.advance(20.0)
     (report,) = writer.wait_for(lambda m: len(m) == 1)

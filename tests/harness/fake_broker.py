@@ -12,6 +12,15 @@ like `f`, and every member gets a copy), and nothing queued for offline clients.
 state kept across connections is the set of QoS 2 packet ids awaiting PUBREL (§4.3.3), so a PUBREL
 re-sent after a reconnect to a session the CONNACK said is present completes normally.
 
+Towards clients it can also play a broker that re-sends on a *live* connection, as EMQX does every
+`retry_interval` (DESIGN §4, other brokers): `publish_to_clients` takes a chosen packet id and DUP
+flag (the same id again, DUP set, is EMQX's re-send of an unacknowledged PUBLISH), `auto_pubrel =
+False` leaves a client's PUBREC unanswered until the test sends `pubrel_to_clients` (as often as
+it likes: a PUBREL again for an id already released), `one_write` sends what is scripted inside
+it in one write per client (so that a re-send reaches the client together with the original,
+before it could answer), and `client_acks` reads back every PUBACK/PUBREC/PUBCOMP the clients
+sent, in order.
+
 One acceptor thread and one reader thread per connection. The reader alone closes its socket;
 everything else (sends, `drop_clients`, `close`) runs under one Condition, and a reader notices a
 closed broker within one poll interval.
@@ -26,7 +35,7 @@ import select
 import socket
 import threading
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -321,6 +330,8 @@ class FakeBroker:
         # Clients' answers to our PUBLISH/PUBREL:
         # (client id, "PUBACK" / "PUBREC" / "PUBCOMP", packet id, reason code).
         self.client_acks: list[tuple[str, str, int, int]] = []
+        # Answer a client's PUBREC (< 0x80) with PUBREL at once; False: only pubrel_to_clients.
+        self.auto_pubrel = True
 
         self._cond = threading.Condition()
         self._reply_codes: deque[int] = deque()
@@ -332,6 +343,8 @@ class FakeBroker:
         self._listener: socket.socket | None = None
         self._acceptor: threading.Thread | None = None
         self._closed = False
+        # Inside one_write(): what each connection is sent, written at its end.
+        self._corked: dict[_Connection, bytearray] | None = None
 
     # -- life cycle --
 
@@ -411,23 +424,69 @@ class FakeBroker:
                 _shutdown(conn.sock, socket.SHUT_RDWR)
             self._cond.wait_for(lambda: all(c.closed for c in targets), _JOIN_TIMEOUT)
 
-    def publish_to_clients(self, topic: str | bytes, payload: bytes, qos: int) -> None:
-        """PUBLISH to each client with a matching subscription, at min(qos, granted QoS).
-        A `bytes` topic goes on the wire as it is (e.g. not UTF-8, which a real broker refuses)."""
+    def publish_to_clients(
+        self,
+        topic: str | bytes,
+        payload: bytes,
+        qos: int,
+        *,
+        packet_id: int | None = None,
+        dup: bool = False,
+    ) -> list[tuple[str, int]]:
+        """PUBLISH to each client with a matching subscription, at min(qos, granted QoS); the
+        (client id, packet id) of each one sent. A `bytes` topic goes on the wire as it is (e.g.
+        not UTF-8, which a real broker refuses). `packet_id` and `dup` are put on the wire as
+        given (QoS 1/2 only, §3.3.1.1): the same id with `dup=True` is a re-send of a PUBLISH the
+        client has not (or not yet visibly) acknowledged."""
         raw = topic if isinstance(topic, bytes) else topic.encode()
         topic = raw.decode(errors="replace")
+        sent: list[tuple[str, int]] = []
         with self._cond:
             for conn in self._connections:
                 granted = [g for f, g in conn.subscriptions.items() if topic_matches(f, topic)]
                 if conn.ending or not granted:
                     continue
                 effective = min(qos, max(granted))
-                packet_id = conn.new_packet_id() if effective else 0
+                chosen = 0
                 body = encode_binary(raw)
                 if effective:
-                    body += packet_id.to_bytes(2, "big")
-                    conn.outbound[packet_id] = effective
-                self._send(conn, encode_packet(PUBLISH, effective << 1, body + b"\0" + payload))
+                    chosen = packet_id if packet_id is not None else conn.new_packet_id()
+                    body += chosen.to_bytes(2, "big")
+                    conn.outbound[chosen] = effective
+                flags = effective << 1 | (0x08 if dup and effective else 0)
+                self._send(conn, encode_packet(PUBLISH, flags, body + b"\0" + payload))
+                sent.append((conn.client_id, chosen))
+        return sent
+
+    def pubrel_to_clients(self, packet_id: int, client_id: str | None = None) -> list[str]:
+        """Send PUBREL `packet_id` to every connected client (or only `client_id`), whatever
+        the exchange's state: with `auto_pubrel = False` the release of a QoS 2 PUBLISH, and sent
+        again, a re-sent PUBREL (§4.3.3: the client answers PUBCOMP each time). The client ids
+        it went to."""
+        sent: list[str] = []
+        with self._cond:
+            for conn in self._connections:
+                if conn.ending or conn.client_id is None:
+                    continue
+                if client_id is not None and conn.client_id != client_id:
+                    continue
+                self._send(conn, ack_packet(PUBREL, packet_id, 0x00))
+                sent.append(conn.client_id)
+        return sent
+
+    @contextlib.contextmanager
+    def one_write(self) -> Iterator[None]:
+        """What is sent to clients inside this block goes to each in one write at its end (one
+        segment on loopback): the client reads it in one go, e.g. a PUBLISH and its re-send
+        before it could answer the first. Nothing the clients send is answered meanwhile."""
+        with self._cond:
+            self._corked = {}
+            try:
+                yield
+            finally:
+                corked, self._corked = self._corked, None
+                for conn, data in corked.items():
+                    self._send(conn, bytes(data))
 
     def wait_for(self, predicate: Callable[[FakeBroker], bool], timeout: float) -> bool:
         """Wait until predicate(self) holds (re-checked on every change the fake records)."""
@@ -612,7 +671,8 @@ class FakeBroker:
         reason = reader.u8() if reader.remaining() else 0x00
         self.client_acks.append((conn.client_id, _ACK_NAMES[packet_type], packet_id, reason))
         if packet_type == PUBREC and reason < 0x80 and packet_id in conn.outbound:
-            self._send(conn, ack_packet(PUBREL, packet_id, 0x00))
+            if self.auto_pubrel:
+                self._send(conn, ack_packet(PUBREL, packet_id, 0x00))
         else:  # PUBACK, PUBCOMP, or a PUBREC >= 0x80 (§4.3.3): the flow is over
             conn.outbound.pop(packet_id, None)
 
@@ -638,6 +698,9 @@ class FakeBroker:
 
     def _send(self, conn: _Connection, packet: bytes) -> None:
         if conn.closed or conn.ending:
+            return
+        if self._corked is not None:
+            self._corked.setdefault(conn, bytearray()).extend(packet)
             return
         try:
             conn.sock.sendall(packet)

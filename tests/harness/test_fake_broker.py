@@ -26,6 +26,8 @@ from tests.harness.fake_broker import (
     PUBLISH,
     PUBREC,
     PUBREL,
+    SUBACK,
+    SUBSCRIBE,
     FakeBroker,
     Reader,
     Received,
@@ -483,3 +485,71 @@ def test_close_ends_every_thread_and_is_idempotent(
     assert client.wait("on_disconnect")[0][1].is_failure
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection((broker.host, broker.port), timeout=TIMEOUT).close()
+
+
+def test_a_publish_can_be_resent_live_with_its_packet_id_and_dup_and_a_pubrel_again(
+    broker: FakeBroker, connect: Callable[..., RecordingClient]
+) -> None:
+    """EMQX's live re-send (DESIGN §4, other brokers), scripted: the same id again with DUP set,
+    and the PUBREL only when the test sends it, as often as it does."""
+    client = connect("subscriber")
+    client.subscribe("readers/+/reads", 2)
+    broker.auto_pubrel = False
+
+    assert broker.publish_to_clients("readers/fx1/reads", b"tag", 2, packet_id=321) == [
+        ("subscriber", 321)
+    ]
+    assert broker.wait_for(lambda b: len(b.client_acks) == 1, TIMEOUT)
+    broker.publish_to_clients("readers/fx1/reads", b"tag", 2, packet_id=321, dup=True)
+    assert broker.wait_for(lambda b: len(b.client_acks) == 2, TIMEOUT)
+    assert client.calls("on_message") == []  # paho delivers QoS 2 at PUBREL, none came yet
+    assert broker.pubrel_to_clients(321) == ["subscriber"]
+    assert broker.pubrel_to_clients(321, client_id="nobody") == []
+    assert broker.pubrel_to_clients(321, client_id="subscriber") == ["subscriber"]
+
+    assert broker.wait_for(lambda b: len(b.client_acks) == 4, TIMEOUT)
+    assert [a[1:] for a in broker.client_acks] == [
+        ("PUBREC", 321, 0),
+        ("PUBREC", 321, 0),
+        ("PUBCOMP", 321, 0),
+        ("PUBCOMP", 321, 0),
+    ]
+    (message,) = client.wait("on_message")[0]
+    assert message.payload == b"tag"
+    assert message.dup  # paho keeps the re-sent PUBLISH: its DUP flag reached the wire
+
+
+def test_a_qos1_publish_resent_live_carries_dup_and_its_chosen_packet_id(
+    broker: FakeBroker, connect: Callable[..., RecordingClient]
+) -> None:
+    client = connect("subscriber")
+    client.subscribe("readers/+/reads", 1)
+
+    broker.publish_to_clients("readers/fx1/reads", b"tag", 1, packet_id=9)
+    broker.publish_to_clients("readers/fx1/reads", b"tag", 1, packet_id=9, dup=True)
+
+    first, second = (args[0] for args in client.wait("on_message", 2))
+    assert [(m.mid, m.dup) for m in (first, second)] == [(9, False), (9, True)]
+    assert broker.wait_for(lambda b: len(b.client_acks) == 2, TIMEOUT)
+    assert [a[1:3] for a in broker.client_acks] == [("PUBACK", 9), ("PUBACK", 9)]
+
+
+def test_one_write_sends_what_is_scripted_inside_it_to_a_client_at_once(broker: FakeBroker) -> None:
+    raw = RawClient(broker.port, "raw")
+    try:
+        body = (1).to_bytes(2, "big") + encode_properties([]) + encode_text("t/#") + bytes([1])
+        raw.send(encode_packet(SUBSCRIBE, 0b0010, body))
+        assert raw.next_packet()[0] == SUBACK
+        raw.sock.setblocking(False)
+        with broker.one_write():
+            broker.publish_to_clients("t/x", b"a", 1, packet_id=4)
+            broker.publish_to_clients("t/x", b"a", 1, packet_id=4, dup=True)
+            with pytest.raises(BlockingIOError):
+                raw.sock.recv(65536)  # nothing yet
+        raw.sock.setblocking(True)
+        data = bytearray(raw.sock.recv(65536))
+        first, second = split_packet(data), split_packet(data)
+        assert not data
+        assert [(p[0], p[1]) for p in (first, second)] == [(PUBLISH, 0b0010), (PUBLISH, 0b1010)]
+    finally:
+        raw.close()
