@@ -198,6 +198,9 @@ class InboundLedger(pykka.ThreadingActor):
         self._burst_ending = False  # applying a burst that is over: it commits at its end
         # packet id -> (seq, key) of QoS 2 messages whose PUBREL has not come yet.
         self._awaiting_pubrel: dict[int, tuple[int, str]] = {}
+        # QoS 2 packet ids released since the start and not given to a new message yet (a
+        # PUBREL for one again is a re-send, not an exchange we have no record of).
+        self._released: set[int] = set()
         self.counts = {"accepted": 0, "duplicates": 0, "unknown_pubrel": 0, "commits": 0}
         self._feeds = {TABLE: Feed(TABLE), UPSTREAM: Feed(UPSTREAM)}
         self._targets: dict[str, pykka.ActorRef] = {}
@@ -572,6 +575,7 @@ class InboundLedger(pykka.ThreadingActor):
                 self._store.set_packet_id(previous[0], None)
             self._store.set_packet_id(seq, publish.packet_id)
             self._awaiting_pubrel[publish.packet_id] = (seq, key)
+            self._released.discard(publish.packet_id)
             self._defer_ack(acks, publish.epoch, AckKind.PUBREC, publish.packet_id)
         elif publish.qos == 1:
             self._defer_ack(acks, publish.epoch, AckKind.PUBACK, publish.packet_id)
@@ -584,11 +588,19 @@ class InboundLedger(pykka.ThreadingActor):
             # Not ours: acknowledging lets the broker finish an exchange we have no record of
             # (it cannot be a message we lost: PUBREC left only after a commit).
             self.counts["unknown_pubrel"] += 1
-            log.warning("PUBREL for packet id %d that the ledger never stored", pubrel.packet_id)
+            if pubrel.packet_id in self._released:
+                # EMQX re-sends an unanswered PUBREL on the live connection every
+                # retry_interval: one that crossed our PUBCOMP is answered again, nothing more.
+                log.debug("PUBREL again for packet id %d, released already", pubrel.packet_id)
+            else:
+                log.warning(
+                    "PUBREL for packet id %d that the ledger never stored", pubrel.packet_id
+                )
         else:
             assert self._store is not None
             crash_point("after_pubrec_before_pubrel")
             self._store.set_packet_id(known[0], None)
+            self._released.add(pubrel.packet_id)
         self._defer_ack(acks, pubrel.epoch, AckKind.PUBCOMP, pubrel.packet_id)
 
     def _on_session(self, message: SessionStarted) -> None:

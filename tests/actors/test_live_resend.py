@@ -14,6 +14,7 @@ the ledger takes both before it commits and answers (a group commits when the bu
 "After" waits for the ack on the wire before the re-send goes.
 """
 
+import logging
 import sqlite3
 
 import pytest
@@ -140,7 +141,9 @@ def test_a_qos2_publish_and_pubrel_resent_before_fxgates_answers_left_each_get_t
     assert source.rows() == [(KEY, None)]
 
 
-def test_a_qos2_publish_and_pubrel_resent_after_fxgates_answers_left_each_get_theirs(source):
+def test_a_qos2_publish_and_pubrel_resent_after_fxgates_answers_left_each_get_theirs(
+    source, caplog
+):
     source.publish(b"read-1", qos=2, packet_id=7)
     source.wait_stats(accepted=1)
     assert source.acks(1) == [("PUBREC", 7, 0)]
@@ -156,9 +159,13 @@ def test_a_qos2_publish_and_pubrel_resent_after_fxgates_answers_left_each_get_th
     source.wait_stats(awaiting_pubrel=0)
     assert source.acks(3)[2:] == [("PUBCOMP", 7, 0)]
 
-    # The PUBREL's retry crossed our PUBCOMP: the id is released, and is completed again.
-    source.pubrel(7)
-    source.wait_stats(unknown_pubrel=1)
+    # The PUBREL's retry crossed our PUBCOMP: the id is released, and is completed again,
+    # without the warning of a PUBREL the ledger never stored.
+    with caplog.at_level(logging.DEBUG, logger="actors.ledger"):
+        source.pubrel(7)
+        source.wait_stats(unknown_pubrel=1)
+    assert "PUBREL again for packet id 7, released already" in caplog.text
+    assert "never stored" not in caplog.text
     assert source.acks(4)[3:] == [("PUBCOMP", 7, 0)]
     assert [r.message_key for r in source.table.wait_for(1)] == [KEY]
     assert len(source.table.records) == 1
