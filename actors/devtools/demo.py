@@ -73,6 +73,12 @@ def run_demo(
     try:
         broker.start()
         say(f"{broker_kind} on 127.0.0.1:{broker.port} (pid {broker.pid}, data {broker.data_dir})")
+        if broker_kind == "mochi":
+            say(
+                "Mochi MQTT 2.7.9 drops what is published while a session's client reconnects "
+                "(README, Brokers): the broker restart below can cost reads, which the result "
+                "then names"
+            )
         log_file = open(workdir / "gateway.log", "w")  # noqa: SIM115 - lives as long as the daemon
         daemon = subprocess.Popen(
             [sys.executable, "-m", "actors.app.cli", "run"],
