@@ -91,6 +91,17 @@ def _without_nagle(client: mqtt.Client, userdata: object, sock: object) -> None:
         log.debug("TCP_NODELAY not set: %s", error)
 
 
+def _reason_name(kind: AckType, code: int) -> str:
+    """The reason code's MQTT 5 name. A code MQTT 5 does not define for this packet gets a
+    name of its own: paho's ReasonCode raises for it (on the network thread, which then dies),
+    and Mochi MQTT 2.7.9 answers every QoS 1 PUBLISH with PUBACK 0x01 (its Granted QoS 1).
+    Below 0x80 it is a success all the same (MQTT 5 §2.4)."""
+    try:
+        return str(ReasonCode(_ACK_PACKET_TYPE[kind], identifier=code))
+    except ValueError:
+        return f"reason code 0x{code:02x}, not defined for {kind.name}"
+
+
 class UpstreamClient(EpochClient):
     def __init__(
         self,
@@ -144,7 +155,7 @@ class UpstreamClient(EpochClient):
         # The reason's name only when it says more than "Success" (paho's ReasonCode is costly).
         reason = "Success"
         if code:
-            reason = str(ReasonCode(_ACK_PACKET_TYPE[kind], identifier=code))
+            reason = _reason_name(kind, code)
         self._arrive(OutboundAck(self.epoch, packet_id, kind, code, reason))
         return MQTTErrorCode.MQTT_ERR_SUCCESS
 

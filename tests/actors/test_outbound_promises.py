@@ -481,3 +481,19 @@ def test_a_persist_false_route_lands_every_read_but_forwards_none_stored_before_
     # Up at the route's QoS 0; in the table with the QoS each read arrived with (DESIGN §7.3).
     rows = read_table(spark_session, tables, READS).select("qos").distinct().collect()
     assert [row["qos"] for row in rows] == [1]
+
+
+def test_on_the_wire_a_puback_with_a_reason_code_mqtt5_does_not_define_is_a_success(wire):
+    """Mochi MQTT 2.7.9 answers every QoS 1 PUBLISH with PUBACK 0x01, a code MQTT 5 defines
+    for no PUBACK: paho's ReasonCode raised for it on the network thread, which died, and
+    nothing went upstream any more while the connection still looked up."""
+    with FakeBroker() as broker:
+        broker.reply_publish([0x01, 0x01])
+        outbound, _, _, ledger = wire(broker, qos=1)
+        outbound.tell(PackSealed(Pack(1, (record(1), record(2)))))
+        (first,) = ledger.wait_for(1)
+        outbound.tell(PackSealed(Pack(2, (record(3),))))
+        second = ledger.wait_for(2)[1]
+    assert sorted(first.done) == [1, 2] and first.dead == ()
+    assert second.done == (3,)
+    assert len(broker.received) == 3
