@@ -125,7 +125,7 @@ def test_what_each_broker_queues_while_a_persistent_subscriber_reconnects(broker
     finally:
         collector.close()
         publisher.join(120)
-    if kind == "mochi":
-        assert lost, "Mochi lost nothing: has the takeover race been fixed? (README)"
-    else:
-        assert not lost
+    if kind == "mochi" and lost:
+        # A race: 8 of 9 runs here lost some, one none. The break is expected, not required.
+        pytest.xfail(f"Mochi 2.7.9 lost {len(lost)} of 3000 across the reconnect (docstring)")
+    assert not lost
