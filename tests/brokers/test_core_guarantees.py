@@ -45,7 +45,7 @@ from persistence.keys import message_key, read_id
 from spark.audit import audit_tables
 from spark.report import compare, landed_ids_arrow
 from spark.tables import READS, read_table_arrow
-from tests.actors.test_audit_end_to_end import stopped
+from tests.actors.test_audit_end_to_end import runs, stopped
 from tests.actors.test_several_gateways import Gateway, Publishing, wait_until_table_holds
 from tests.harness.checks import settled, wait_until_landed
 from tests.harness.daemon import gateway_env
@@ -469,17 +469,6 @@ def landed_numbers(tables: Path) -> dict[str, set[int]]:
     return found
 
 
-def runs(numbers: set[int]) -> tuple[tuple[int, int], ...]:
-    """`numbers` as (first, last) runs of consecutive numbers, ascending."""
-    out: list[list[int]] = []
-    for n in sorted(numbers):
-        if out and out[-1][1] == n - 1:
-            out[-1][1] = n
-        else:
-            out.append([n, n])
-    return tuple((first, last) for first, last in out)
-
-
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("kind", KINDS)
 def test_at_the_shipped_queue_limit_an_outage_loses_nothing_and_the_audit_names_exactly_the_brokers_drops(  # noqa: E501
@@ -548,7 +537,8 @@ def test_at_the_shipped_queue_limit_an_outage_loses_nothing_and_the_audit_names_
         dropped[reader] = len(lost)
         assert lost, f"{kind}: {reader}: nothing was dropped; the test proves nothing"
         found_here = report.readers[reader]
-        assert found_here.missing == runs(lost), (reader, found_here.missing, runs(lost))
+        expected_runs = tuple(tuple(run) for run in runs(lost))
+        assert found_here.missing == expected_runs, (reader, found_here.missing, expected_runs)
         assert found_here.received == len(landed[reader])
         assert (found_here.resets, found_here.duplicates, found_here.conflicts) == (0, 0, 0)
         assert found_here.last_event_num == generator.event_num
