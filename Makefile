@@ -46,13 +46,23 @@ SOAK_FORWARD_KILLS ?= 10
 # The daemon on a standalone Spark master killed at each of three moments (`make test`: one).
 CLUSTER_FAULTS ?= 3
 
-.PHONY: demo test lint format bench soak system-deps deps delta-jars brokers clean
+.PHONY: demo test lint format bench soak docs system-deps deps delta-jars brokers clean
 
 demo: deps
 	$(VENV)/bin/fxgate demo --broker $(BROKER)
 
 test: deps lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
+
+# The documentation site (docs/mkdocs.yml) into docs/site, in strict mode: a broken link, an
+# anchor that is not there or a page outside the navigation fails the build. The configuration
+# reference is generated from the schema first, and the benchmark plots are copied beside their
+# page (tests/docs/test_site.py builds the same way).
+DOCS_PLOTS := docs/pages/benchmarks/plots
+docs: $(STAMP)
+	$(VENV)/bin/python -m actors.config.reference --write docs/pages/reference/configuration.md
+	rm -rf $(DOCS_PLOTS) && mkdir -p $(DOCS_PLOTS) && cp bench/results/*.png $(DOCS_PLOTS)/
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -f docs/mkdocs.yml
 
 BENCH_STAMP := $(VENV)/.bench-stamp
 $(BENCH_STAMP): setup.cfg $(STAMP)
@@ -140,4 +150,4 @@ $(STAMP): setup.cfg pyproject.toml
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .ruff_cache docs/site $(DOCS_PLOTS)

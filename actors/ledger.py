@@ -874,7 +874,7 @@ class InboundLedger(pykka.ThreadingActor):
             log.warning(
                 "ledger at its disk budget (%s): source paused, its socket is no longer read; "
                 "until the sinks catch up, the broker's queue limits decide what readers' "
-                "messages are kept (README, 'Disk budget')",
+                "messages are kept (docs: operating/disk-budget)",
                 self._budget.describe(usage),
             )
             if self._intake is not None:

@@ -184,7 +184,7 @@ _LOCAL_ROWS: dict[LocalCause, ReasonRow] = {
     )
 }  # fmt: skip
 
-# The whole mapping in one place, in the order the README renders it.
+# The whole mapping in one place, in the order docs/pages/reference/events.md renders it.
 REASON_TABLE: tuple[ReasonRow, ...] = (
     *(_CODE_ROWS[code] for code in sorted(_CODE_ROWS)),
     *_LOCAL_ROWS.values(),

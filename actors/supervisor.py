@@ -160,6 +160,7 @@ class Supervisor(WriterListener):
         self.batches_written = 0
         self.rows_written = 0
         self.dead_letters_written = 0
+        self.dead_letters_by_reason: dict[str, int] = {}  # "sink/reason" -> rows landed
         self.events_written = 0
         self._landed = threading.Condition(self._batch_lock)
         self._health: WriterHealth | None = None  # the writer's latest, from its thread
@@ -410,6 +411,9 @@ class Supervisor(WriterListener):
             self.batches_written += 1
             self.rows_written += batch.rows
             self.dead_letters_written += batch.dead_letters
+            for (sink, reason), count in batch.dead_letter_reasons.items():
+                key = f"{sink}/{reason}"
+                self.dead_letters_by_reason[key] = self.dead_letters_by_reason.get(key, 0) + count
             self.events_written += batch.events
             self.readers.update((r.reader_id, r) for r in batch.readers)
             self.reader_health.update(batch.reader_health)

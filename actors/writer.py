@@ -322,12 +322,25 @@ class SparkWriterActor(pykka.ThreadingActor):
     def _convert_legacy_tables(self, tables: Path) -> None:
         """Tables of the layout before Delta become Delta tables in place, before any write;
         the batches the ledger began and did not commit are left to its replay."""
-        from spark.convert import convert_tables
+        from actors.app.progress import ProgressReporter
+        from spark.convert import convert_tables, legacy_tables
 
         open_batches = self._ledger.open_batches().get(timeout=LEDGER_ASK_TIMEOUT)
-        result = convert_tables(
-            tables, open_batches, checkpoint=crash_point, properties=self._table_properties
+        # A large conversion takes minutes before the first write: its progress goes to the log
+        # (a line every 30 s), and only when there is something to convert.
+        progress = (
+            ProgressReporter.to_log(log, clock=self._clock.monotonic)
+            if legacy_tables(tables)
+            else ProgressReporter(enabled=False)
         )
+        with progress.start("converting the previous layout", unit="partitions", counts=("rows",)):
+            result = convert_tables(
+                tables,
+                open_batches,
+                checkpoint=crash_point,
+                properties=self._table_properties,
+                progress=progress,
+            )
         if result.done:
             log.info("tables converted to Delta: %s", result.summary())
 
@@ -668,6 +681,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         """Write a prepared batch to Spark and commit it in the ledger; on a failure the batch
         waits for its retry (`_failed`), and the batches after it wait behind it."""
         from spark.parse_worker import count_readers
+        from spark.schema import dead_letter_reasons
         from spark.tables import DEAD_LETTERS, EVENTS, READER_EVENTS, READS
 
         assert self._tables is not None
@@ -747,6 +761,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             tuple(readers.values()),
             written.get(READER_EVENTS, 0),
             health,
+            dead_letter_reasons(tables.dead_letters),
         )
         self.last_batch = result
         log.info(

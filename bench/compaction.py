@@ -1,11 +1,12 @@
 """Compaction (DESIGN §7.7): a day of Delta commits, read before and after OPTIMIZE.
 
 A day at the default 1 s batch window (`batch_max_seconds`), reads flowing, is about 54,000
-batches per table: README "Benchmarks" measured about 53,000 a day at half the ingest ceiling (a
-batch every 1.63 s) and about 62,000 at a trickle (each batch waits out its 1 s window plus a turn
-of ~0.4 s); 86,400 only if every batch took exactly 1 s. Each batch is one Delta commit that adds
-one Parquet file per date to each table it touches (spark.tables.ArrowTableWriter), at about 400
-rows each (DESIGN §4's 5,000 batches held 2 million rows).
+batches per table: the benchmarks (docs/pages/benchmarks.md) measured about 53,000 a day at half
+the ingest ceiling (a batch every 1.63 s) and about 62,000 at a trickle (each batch waits out
+its 1 s window plus a turn of ~0.4 s); 86,400 only if every batch took exactly 1 s. Each batch
+is one Delta commit that adds one Parquet file per date to each table it touches
+(spark.tables.ArrowTableWriter), at about 400 rows each (DESIGN §4's 5,000 batches held 2
+million rows).
 
 How the day is built, honestly and fast. Committing 54,000 batches one by one is how a day
 arrives, but not a way to build one here: each delta-rs append updates its snapshot, and that

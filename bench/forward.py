@@ -766,7 +766,7 @@ def bound_sentence(result: dict, messages: int) -> str:
     return "; ".join(parts) + "."
 
 
-# -- README rows and plot --------------------------------------------------------------------
+# -- table rows and plot --------------------------------------------------------------------
 
 
 def _n(value: float | None) -> str:

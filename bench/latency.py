@@ -794,7 +794,7 @@ def _publisher_sentence(result: dict) -> str:
     )
 
 
-# -- the README table and the plot --------------------------------------------------------------
+# -- the table rows and the plot --------------------------------------------------------------
 
 
 def rows(result: dict) -> list[list[str]]:

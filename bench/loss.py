@@ -361,7 +361,7 @@ def bound_sentence(runs: list[dict]) -> str:
     return "; ".join(parts) + "."
 
 
-# -- README rows and plot --------------------------------------------------------------------
+# -- table rows and plot --------------------------------------------------------------------
 
 
 def _cell(run: dict | None) -> str:

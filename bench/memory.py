@@ -893,7 +893,7 @@ def assemble(
     }
 
 
-# -- the README table and the plot ---------------------------------------------------------------
+# -- the table rows and the plot ---------------------------------------------------------------
 
 
 def rows(result: dict) -> list[list[str]]:

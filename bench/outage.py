@@ -964,7 +964,7 @@ def bound_sentence(main: dict, old_run: dict | None, pair: dict | None, skipped:
     return text
 
 
-# -- the README table and the plot ---------------------------------------------------------------
+# -- the table rows and the plot ---------------------------------------------------------------
 
 
 def duration(seconds: float) -> str:

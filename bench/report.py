@@ -1,4 +1,5 @@
-"""Writing results: `<name>.json` (everything), `<name>.png` (every sample) and the README table.
+"""Writing results: `<name>.json` (everything), `<name>.png` (every sample) and the table of the
+documentation's benchmarks page.
 
 The table is rebuilt from every `kind: fxgate-bench` JSON file in the results directory, so a run
 of `--only ingest-qos1` refreshes its row and keeps the others (each row says when it ran).
@@ -222,18 +223,18 @@ def _rows(result: dict) -> list[list[str]]:
     return rows
 
 
-README_START = "<!-- bench-table:start -->"
-README_END = "<!-- bench-table:end -->"
+TABLE_START = "<!-- bench-table:start -->"
+TABLE_END = "<!-- bench-table:end -->"
 
 
-def update_readme(readme: Path, table: Path) -> bool:
-    """Put the table between the README's markers; False if the README has none."""
-    text = readme.read_text()
-    start, end = text.find(README_START), text.find(README_END)
+def update_page(page: Path, table: Path) -> bool:
+    """Put the table between the page's markers; False if the page has none."""
+    text = page.read_text()
+    start, end = text.find(TABLE_START), text.find(TABLE_END)
     if start < 0 or end < start:
         return False
     body = table.read_text().rstrip("\n")
-    readme.write_text(text[: start + len(README_START)] + "\n" + body + "\n" + text[end:])
+    page.write_text(text[: start + len(TABLE_START)] + "\n" + body + "\n" + text[end:])
     return True
 
 

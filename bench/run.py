@@ -2,7 +2,8 @@
 
 Each benchmark runs its baseline and fxgate alternately in this one run on a real mosquitto and
 writes `bench/results/<name>.json` (every raw sample, medians, ratio, the machine, the command),
-`bench/results/<name>.png`, rebuilds `bench/results/README-table.md` and puts it in README.md.
+`bench/results/<name>.png`, rebuilds `bench/results/README-table.md` and puts it in the
+documentation's benchmarks page (docs/pages/benchmarks.md).
 Where a target is missed it profiles one more fxgate run with py-spy (`<name>-profile.svg`,
 summary in the JSON).
 
@@ -26,10 +27,10 @@ from pathlib import Path
 from bench import machine
 from bench.benchmarks import Context, Settings
 from bench.registry import BENCHMARKS
-from bench.report import plot_result, update_readme, write_result, write_table
+from bench.report import plot_result, update_page, write_result, write_table
 
 RESULTS = Path(__file__).resolve().parent / "results"
-README = RESULTS.parent.parent / "README.md"
+BENCHMARKS_PAGE = RESULTS.parent.parent / "docs" / "pages" / "benchmarks.md"
 
 
 def headline(result: dict) -> str:
@@ -150,9 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         ctx.close()
         table = write_table(results_dir)
         print(f"table: {table}  (total {time.monotonic() - began:.0f} s)", flush=True)
-        # Only a run into the committed results updates the README (never --quick).
-        if results_dir == RESULTS and update_readme(README, table):
-            print(f"README table updated: {README}", flush=True)
+        # Only a run into the committed results updates the page (never --quick).
+        if results_dir == RESULTS and update_page(BENCHMARKS_PAGE, table):
+            print(f"benchmarks page's table updated: {BENCHMARKS_PAGE}", flush=True)
         if failures or args.keep_work:
             print(f"scratch kept for inspection: {work_dir}", flush=True)
         else:

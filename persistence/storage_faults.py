@@ -11,7 +11,7 @@ A corrupt file is different: no retry helps, and recreating it empty would silen
 held. `check_database` (called by every opener in persistence.database) moves the file and its
 -wal/-shm aside as `<name>.corrupt-<UTC time>` and refuses to start; as long as that moved file
 sits beside the database, every later start refuses too, naming it. The operator salvages it or
-removes it (README, "Storage faults"); only then is a new, empty file created.
+removes it (docs/pages/operating/faults.md); only then is a new, empty file created.
 """
 
 from __future__ import annotations

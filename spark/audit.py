@@ -40,7 +40,7 @@ and one per gap, never the reads themselves.
 `reader_events` for that reader, so the numbered management events of each directory are
 unioned in with the reads (their tag columns null): a heartbeat numbered on the reader's one
 counter is then no gap. The rule assumes one counter for both kinds of event, which nothing here
-shows of a real FX9600 (README, "Reader health").
+shows of a real FX9600 (docs/pages/operating/reader-health.md).
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ from pyspark.sql import functions as F
 
 from spark.gaps import epoch_offsets, range_size
 from spark.location import Location, local_path, spark_uri
+from spark.progress import NO_PROGRESS, Progress
 from spark.tables import READER_EVENTS, READS, table_path
 
 log = logging.getLogger(__name__)
@@ -309,36 +310,59 @@ def _read_delta(session: SparkSession, path: str) -> DataFrame | None:
     return session.read.format("delta").load(path)
 
 
-def audit_tables(session: SparkSession, tables_dirs: Sequence[Location]) -> AuditReport:
+def audit_tables(
+    session: SparkSession, tables_dirs: Sequence[Location], progress: Progress = NO_PROGRESS
+) -> AuditReport:
     """Audit the union of the reads tables of `tables_dirs` (one gateway's, or every gateway's
     of one shared group), with their numbered management events. Raises AuditError when a
-    directory holds no reads table."""
+    directory holds no reads table.
+
+    `progress` counts steps: each tables directory opened, then each Spark job of
+    `audit_frame`; and the rows scanned (`rows`) and readers found (`readers`)."""
     if not tables_dirs:
         raise ValueError("no tables directory to audit")
+    several = len(tables_dirs) > 1
+    progress.expect(len(tables_dirs) + audit_steps(several))
     frames = []
     for index, tables_dir in enumerate(tables_dirs):
+        progress.advance(0, note=f"opening {tables_dir}")
         df = read_reads(session, tables_dir)
         if df is not None:
             frames.append(df.withColumn(_DIR, F.lit(index)))
         events = read_numbered_reader_events(session, tables_dir)
         if events is not None:
             frames.append(events.withColumn(_DIR, F.lit(index)))
+        progress.advance(1)
     names = tuple(str(tables_dir) for tables_dir in tables_dirs)
     if not frames:
+        progress.advance(audit_steps(several))
         return AuditReport(names)
     union = frames[0]
     for df in frames[1:]:
         union = union.unionByName(df)
-    return audit_frame(union, names, several=len(tables_dirs) > 1)
+    return audit_frame(union, names, several=several, progress=progress)
 
 
-def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) -> AuditReport:
+def audit_steps(several: bool) -> int:
+    """The Spark jobs `audit_frame` runs, each a step of its progress: the rows per reader,
+    the alignment of several directories' epochs, the epochs, the gaps."""
+    return 4 if several else 3
+
+
+def audit_frame(
+    reads: DataFrame,
+    tables: Sequence[str],
+    several: bool = False,
+    progress: Progress = NO_PROGRESS,
+) -> AuditReport:
     """Audit `reads` (the REQUIRED and OPTIONAL columns; with `several`, also `_dir`, the index
-    of the tables directory each row came from)."""
+    of the tables directory each row came from). `progress` advances by one step per Spark
+    job (`audit_steps`), and counts the rows scanned and the readers."""
     started = time.perf_counter()
     reads = reads.withColumn("reader_id", F.coalesce(F.col("reader_id"), F.lit("")))
     if _DIR not in reads.columns:
         reads = reads.withColumn(_DIR, F.lit(0))
+    progress.advance(0, note="counting the rows of each reader")
     counts = {
         row["reader_id"]: (row["received"], row["without"])
         for row in reads.groupBy("reader_id")
@@ -348,6 +372,12 @@ def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) 
         )
         .collect()
     }
+    progress.advance(
+        1,
+        rows=sum(received + without for received, without in counts.values()),
+        readers=len(counts),
+        note="ordering each reader's rows and finding the counter resets",
+    )
 
     # Resets are found in each gateway's own exact order; several gateways' epochs are then
     # aligned (spark.gaps.epoch_offsets). Interleaving gateways by their clocks instead made
@@ -370,6 +400,7 @@ def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) 
             numbered = numbered.persist(StorageLevel.MEMORY_AND_DISK)
             cached.append(numbered)
             numbered = _aligned(numbered)
+            progress.advance(1, note="counting each epoch's numbers")
         per_number = (
             numbered.groupBy("reader_id", _EPOCH, "event_num")
             .agg(
@@ -394,6 +425,7 @@ def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) 
             )
             .collect()
         )
+        progress.advance(1, note="finding the gaps")
         ascending = Window.partitionBy("reader_id", _EPOCH).orderBy("event_num")
         gap_rows = (
             per_number.select(
@@ -405,6 +437,7 @@ def audit_frame(reads: DataFrame, tables: Sequence[str], several: bool = False) 
             .where(F.col("event_num").cast(_WIDE) - F.col(_PREVIOUS).cast(_WIDE) > F.lit(1))
             .collect()
         )
+        progress.advance(1)
     finally:
         for frame in cached:
             frame.unpersist()

@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from spark.location import Location, local_path
+from spark.progress import NO_PROGRESS, Progress
 from spark.tables import (
     BATCH_ID,
     DATE,
@@ -187,6 +188,7 @@ def convert_tables(
     chunk_rows: int = CHUNK_ROWS,
     chunk_directories: int = CHUNK_DIRECTORIES,
     properties: Mapping[str, str] | None = None,
+    progress: Progress = NO_PROGRESS,
 ) -> ConversionResult:
     """Convert every table of the previous layout under `tables_dir` into a Delta table in
     place; see the module. Safe to kill at any point and run again; a run over tables that are
@@ -195,7 +197,8 @@ def convert_tables(
     `open_batches`: the ledger's batches begun and not committed (their partitions are left to
     the replay). It must be the same set on a rerun, as it is while nothing commits a batch
     before the conversion ends. `properties`: the Delta table properties of a table this creates
-    (default `spark.tables.table_properties()`).
+    (default `spark.tables.table_properties()`). `progress` counts the legacy partitions
+    (``date=D/batch_id=N`` directories) converted, open ones left out, and the rows appended.
     """
     if chunk_rows < 1 or chunk_directories < 1:
         raise ValueError("chunk bounds must be positive")
@@ -209,10 +212,13 @@ def convert_tables(
     result = ConversionResult()
     opened = frozenset(int(b) for b in open_batches)
     configuration = dict(table_properties() if properties is None else properties)
-    for name, table_dir in sorted(_table_dirs(local).items()):
-        legacy = _find_legacy(table_dir)
-        if not legacy:
-            continue
+    found = [
+        (name, table_dir, legacy)
+        for name, table_dir in sorted(_table_dirs(local).items())
+        if (legacy := _find_legacy(table_dir))
+    ]
+    progress.expect(sum(_partitions(legacy, opened) for _, _, legacy in found))
+    for name, table_dir, legacy in found:
         converted = _convert_table(
             name,
             table_dir,
@@ -222,6 +228,7 @@ def convert_tables(
             (chunk_rows, chunk_directories),
             configuration,
             before_removal=lambda: _remove_lock_files(local, result),
+            progress=progress,
         )
         result.tables[name] = converted
     result.seconds = time.perf_counter() - started
@@ -239,6 +246,11 @@ def legacy_tables(tables_dir: Location) -> list[str]:
     return sorted(name for name, path in _table_dirs(local).items() if _find_legacy(path))
 
 
+def _partitions(legacy: _Legacy, opened: frozenset[int]) -> int:
+    """The legacy partitions of a table a conversion appends (those of open batches it leaves)."""
+    return sum(len(places) for batch_id, places in legacy.batches.items() if batch_id not in opened)
+
+
 # -- one table ---------------------------------------------------------------------------------
 
 
@@ -251,6 +263,7 @@ def _convert_table(
     bounds: tuple[int, int],
     configuration: dict[str, str],
     before_removal: Callable[[], None],
+    progress: Progress = NO_PROGRESS,
 ) -> TableConversion:
     started = time.perf_counter()
     open_ids = sorted(opened & legacy.batches.keys())
@@ -258,12 +271,18 @@ def _convert_table(
     delta = _open_delta(table_dir)
     footers = _Footers()
     rows = batches = commits = 0
+    # Batches a run killed before committed: in already, nothing to append.
+    done = None if delta is None else delta.transaction_version(LEGACY_APP_ID)
+    if done is not None:
+        committed = pending[: bisect.bisect_right(pending, done)]
+        progress.advance(sum(len(legacy.batches[b]) for b in committed))
     while pending:
         done = None if delta is None else delta.transaction_version(LEGACY_APP_ID)
         todo = pending if done is None else pending[bisect.bisect_right(pending, done) :]
         if not todo:
             break
         chunk = _take_chunk(legacy.batches, todo, bounds, footers)
+        progress.advance(0, note=f"{name}: legacy batches {chunk[0]}-{chunk[-1]}")
         places = sorted(
             (date, batch_id, path) for batch_id in chunk for date, path in legacy.batches[batch_id]
         )
@@ -274,6 +293,7 @@ def _convert_table(
         rows += written
         batches += len(chunk)
         commits += 1
+        progress.advance(len(places), rows=written)
         checkpoint(CONVERT_AFTER_COMMIT)
     if commits:
         logger.info(
@@ -297,6 +317,7 @@ def _convert_table(
                 f"(version {done}); nothing removed"
             )
     before_removal()
+    progress.advance(0, note=f"{name}: removing the previous layout's directories")
     removed = _remove_legacy(table_dir, legacy, checkpoint)
     logger.info(
         "Table %s: the previous layout's directories removed (%d entries%s)",

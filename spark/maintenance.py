@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from spark.location import Location, local_path, spark_uri
+from spark.progress import NO_PROGRESS, Progress
 from spark.tables import DATE, TABLES, is_delta_table, table_path
 
 logger = logging.getLogger(__name__)
@@ -128,19 +129,25 @@ class DeltaMaintainer:
         # file's record when VACUUM deletes the file, and not a day later.
         self._properties = dict(properties or {})
 
-    def run(self, now: float) -> PassResult:
+    def run(self, now: float, progress: Progress = NO_PROGRESS) -> PassResult:
         """Compact, vacuum and checkpoint every table that exists; `now` is wall time (the
-        injected clock's), which says which date is still open."""
+        injected clock's), which says which date is still open. `progress` counts tables, and
+        the files each OPTIMIZE replaced (`files`) and each VACUUM deleted (`vacuumed`)."""
         started = time.perf_counter()
         today = utc_date(now)
+        present = [
+            (name, path)
+            for name in self._tables
+            if is_delta_table(path := table_path(self._tables_dir, name))
+        ]
+        progress.expect(len(present))
         done = []
-        for name in self._tables:
-            path = table_path(self._tables_dir, name)
-            if is_delta_table(path):
-                done.append(self._maintain(name, path, today))
+        for name, path in present:
+            done.append(self._maintain(name, path, today, progress))
+            progress.advance(1)
         return PassResult(tuple(done), time.perf_counter() - started)
 
-    def _maintain(self, name: str, path: str, today: str) -> TableMaintained:
+    def _maintain(self, name: str, path: str, today: str, progress: Progress) -> TableMaintained:
         from deltalake import DeltaTable
 
         table = DeltaTable(path)
@@ -148,16 +155,19 @@ class DeltaMaintainer:
         removed = added = 0
         timer = self._soon(INSIDE_OPTIMIZE)
         try:
-            for filters, target in (
-                ([(DATE, "<", today)], self._target),
-                ([(DATE, ">=", today)], self._open_target),
+            for filters, target, dates in (
+                ([(DATE, "<", today)], self._target, "closed dates"),
+                ([(DATE, ">=", today)], self._open_target, "open date"),
             ):
+                progress.advance(0, note=f"{name}: compacting the {dates}")
                 metrics = table.optimize.compact(partition_filters=filters, target_size=target)
                 removed += int(metrics.get("numFilesRemoved", 0))
                 added += int(metrics.get("numFilesAdded", 0))
+                progress.advance(0, files=int(metrics.get("numFilesRemoved", 0)))
         finally:
             _cancel(timer)
         self._checkpoint(AFTER_OPTIMIZE_BEFORE_VACUUM)
+        progress.advance(0, note=f"{name}: vacuuming")
         timer = self._soon(INSIDE_VACUUM)
         try:
             # full: files no commit lists (a write killed before its commit) go too, once as
@@ -171,6 +181,7 @@ class DeltaMaintainer:
             )
         finally:
             _cancel(timer)
+        progress.advance(0, vacuumed=len(vacuumed), note=f"{name}: checkpointing the log")
         table.update_incremental()
         table.create_checkpoint()
         table.cleanup_metadata()
@@ -193,19 +204,25 @@ class SparkMaintainer:
         self._retention = vacuum_retention_hours
         self._tables = tuple(tables)
 
-    def run(self, now: float) -> PassResult:
+    def run(self, now: float, progress: Progress = NO_PROGRESS) -> PassResult:
+        """As DeltaMaintainer.run; `progress` counts the tables looked at (a remote table's
+        existence is Spark's to tell, table by table) and the files compacted (`files`)."""
         from delta.tables import DeltaTable
 
         started = time.perf_counter()
         # Ours to set, as in DeltaMaintainer: Spark refuses a retention below 7 days otherwise.
         self._session.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+        progress.expect(len(self._tables))
         done = []
         for name in self._tables:
             path = table_path(self._tables_dir, name)
             if not DeltaTable.isDeltaTable(self._session, path):
+                progress.advance(1)
                 continue
             table = DeltaTable.forPath(self._session, path)
+            progress.advance(0, note=f"{name}: compacting")
             metrics = table.optimize().executeCompaction().collect()[0]["metrics"]
+            progress.advance(0, files=int(metrics["numFilesRemoved"]), note=f"{name}: vacuuming")
             table.vacuum(float(self._retention))
             version = table.history(1).collect()[0]["version"]
             done.append(
@@ -213,6 +230,7 @@ class SparkMaintainer:
                     name, int(metrics["numFilesRemoved"]), int(metrics["numFilesAdded"]), 0, version
                 )
             )
+            progress.advance(1)
         return PassResult(tuple(done), time.perf_counter() - started)
 
 

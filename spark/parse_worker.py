@@ -18,7 +18,8 @@ A batch of 1 MiB of payloads or more (batched FX9600 arrays, a backlog after an 
 in parts at once: the child starts `helpers` processes of its own (`python -m spark.parse_worker
 --part`), sends each a run of the records, builds the first run itself and joins the parts
 (spark.schema.join_parts: the rows and observations of one build, tested at every split). On a
-2-core box the helper, with orjson, took batched-100 from 80,032 to 97,750 reads/s (README).
+2-core box the helper, with orjson, took batched-100 from 80,032 to 97,750 reads/s
+(docs/pages/benchmarks.md).
 A helper that dies is not asked again: the child builds its runs itself and logs an ERROR.
 
 The protocol is a length-prefixed pickle each way between two processes of this program (never

@@ -174,6 +174,20 @@ READER_EVENTS_SCHEMA = pa.schema(
 TABLE_SINK = "table"
 UPSTREAM_SINK = "upstream"
 
+
+def dead_letter_reasons(dead_letters: pa.Table) -> dict[tuple[str, str], int]:
+    """How many rows of a `dead_letters` batch each (sink, reason) has; a null sink (rows of
+    partitions written before the two-sink ledger) counts as `table`."""
+    counts: dict[tuple[str, str], int] = {}
+    if dead_letters.num_rows == 0:
+        return counts
+    sinks = dead_letters.column("sink").to_pylist()
+    for sink, reason in zip(sinks, dead_letters.column("reason").to_pylist(), strict=True):
+        key = (sink or TABLE_SINK, reason)
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
 # Reason for a life-cycle message that is not a CloudEvents JSON object with our fields.
 INVALID_EVENT = "invalid_event"
 

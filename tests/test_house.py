@@ -1,4 +1,4 @@
-"""The direction of the house, checked so that it cannot rot (README, "Layout").
+"""The direction of the house, checked so that it cannot rot (docs/pages/architecture/index.md).
 
 actors/ (the actors and their wiring) may import spark/ and persistence/; spark/ (Spark as plain
 functions and classes) may import persistence/ only; persistence/ (the SQLite stores) imports

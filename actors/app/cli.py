@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from actors.app.command_session import command_session
 from actors.config.schema import Config, ConfigError, load_config
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,20 @@ config_option = click.option(
     default=None,
     help="TOML file; without it the embedded defaults (configs/gateway.toml).",
 )
+
+
+no_progress_option = click.option(
+    "--no-progress",
+    is_flag=True,
+    help="no progress on stderr (by default a bar on a terminal, else a line every 5 s)",
+)
+
+
+def _progress(no_progress: bool):
+    """The command's progress reporter, on stderr (stdout carries the result)."""
+    from actors.app.progress import ProgressReporter
+
+    return ProgressReporter(sys.stderr, enabled=not no_progress)
 
 
 # The brokers `make` installs (actors.devtools.broker_kinds); spelled out here so that the
@@ -220,12 +235,15 @@ def dead_letters() -> None:
     """Messages that could not become reads, or could not be forwarded, and why."""
 
 
-def _dead_letters(config, reason: str | None):
+def _dead_letters(config, reason: str | None, progress=None):
     from actors.app.dead_letters import load_dead_letters
+    from spark.progress import NO_PROGRESS
     from spark.tables import TablesNotReadable
 
     try:
-        return load_dead_letters(config.spark.tables_path(config.gateway.data_path), reason)
+        return load_dead_letters(
+            config.spark.tables_path(config.gateway.data_path), reason, progress or NO_PROGRESS
+        )
     except TablesNotReadable as error:
         raise click.ClickException(f"cannot read the dead letters here: {error}") from None
 
@@ -253,8 +271,14 @@ def dead_letters_list(config_path: Path | None, reason: str | None, limit: int, 
 @click.option("--key", "keys", multiple=True, help="replay the dead letter with this message key")
 @click.option("--all", "everything", is_flag=True, help="replay every dead letter")
 @click.option("--dry-run", is_flag=True, help="say what would be replayed, write nothing")
+@no_progress_option
 def dead_letters_replay(
-    config_path: Path | None, reason: str | None, keys: tuple[str, ...], everything: bool, dry_run
+    config_path: Path | None,
+    reason: str | None,
+    keys: tuple[str, ...],
+    everything: bool,
+    dry_run: bool,
+    no_progress: bool,
 ):
     """Send dead letters through the gateway again (after a fix), each under a new key.
 
@@ -265,18 +289,26 @@ def dead_letters_replay(
     if not (reason or keys or everything):
         raise click.UsageError("say which: --reason, --key (repeatable) or --all")
     config = _load(config_path)
-    letters = _dead_letters(config, reason)
-    if keys:
-        letters = [d for d in letters if d.message_key in set(keys)]
-    chosen = [d for d in letters if d.payload is not None]
+    with _progress(no_progress).start(
+        "dead-letters replay", unit="dead letters", note="reading the dead_letters table"
+    ) as progress:
+        letters = _dead_letters(config, reason, progress)
+        if keys:
+            letters = [d for d in letters if d.message_key in set(keys)]
+        chosen = [d for d in letters if d.payload is not None]
+        request = None
+        if not dry_run:
+            progress.advance(0, note=f"writing the request for {len(chosen):,} message(s)")
+            request = write_request(
+                config.gateway.data_path,
+                [
+                    ReplayMessage(d.message_key, d.topic, d.payload, d.qos, d.sink)
+                    for d in reversed(chosen)
+                ],
+            )
     if dry_run:
         click.echo(f"would replay {len(chosen)} dead letter(s)")
-        return
-    request = write_request(
-        config.gateway.data_path,
-        [ReplayMessage(d.message_key, d.topic, d.payload, d.qos, d.sink) for d in reversed(chosen)],
-    )
-    if request is None:
+    elif request is None:
         click.echo("nothing to replay")
     else:
         click.echo(f"replay of {len(chosen)} dead letter(s) requested: {request}")
@@ -290,30 +322,32 @@ def dead_letters_replay(
     type=click.Path(path_type=Path, exists=True),
     help="JSON lines written by `fxgate simulate --manifest`",
 )
-def report(config_path: Path | None, manifest: Path) -> None:
+@no_progress_option
+def report(config_path: Path | None, manifest: Path, no_progress: bool) -> None:
     """Compare the reads table (through Spark) with what a simulation published."""
     from actors.devtools.simulate import expected_read_ids, read_manifest
     from spark.report import compare, landed_ids_spark
-    from spark.session import DeltaJarsMissing, build_session, stop_session
+    from spark.session import DeltaJarsMissing, stop_session
 
     config = _load(config_path)
-    published = read_manifest(manifest)
+    progress = _progress(no_progress)
     try:
-        session = build_session(
-            config.spark.master,
-            config.gateway.data_path / "spark-report",
-            driver_memory=config.spark.driver_memory,
-            class_data_archive=config.spark.class_data_archive,
-            conf=dict(config.spark.conf),
-        )
+        with progress.start("report", 4, counts=("rows",), note="reading the manifest"):
+            expected = expected_read_ids(read_manifest(manifest))
+            progress.advance(1, note="starting Spark")
+            session = command_session(config, "report")
+            progress.advance(1, note="reading the reads table through Spark")
+            try:
+                tables = config.spark.tables_path(config.gateway.data_path)
+                ids, readers = landed_ids_spark(session, tables)
+            finally:
+                stop_session(session)
+            progress.advance(1, rows=len(ids), note="comparing")
+            result = compare(expected, ids, readers)
+            progress.advance(1)
     except DeltaJarsMissing as error:
         click.echo(f"fxgate report: {error}", err=True)
         sys.exit(2)
-    try:
-        ids, readers = landed_ids_spark(session, config.spark.tables_path(config.gateway.data_path))
-    finally:
-        stop_session(session)
-    result = compare(expected_read_ids(published), ids, readers)
     click.echo("reads table, read back through Spark:")
     for line in result.lines():
         click.echo(line)
@@ -331,13 +365,16 @@ def report(config_path: Path | None, manifest: Path) -> None:
     "shared group together. Default: the config's tables directory",
 )
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
-def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool) -> None:
+@no_progress_option
+def audit(
+    config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool, no_progress: bool
+) -> None:
     """Find every lost read: the eventNum gaps per reader in the reads table.
 
     Exit status 0 when nothing is missing, 1 when something is, 2 when it could not audit."""
     from spark.audit import AuditError, audit_tables, check_tables_dir
     from spark.location import parse_location
-    from spark.session import build_session, stop_session
+    from spark.session import stop_session
 
     config = _load(config_path)
     try:
@@ -349,18 +386,14 @@ def audit(config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool)
     except (ValueError, AuditError) as error:
         click.echo(f"fxgate audit: could not audit: {error}", err=True)
         sys.exit(2)
+    progress = _progress(no_progress)
     try:
-        session = build_session(
-            config.spark.master,
-            config.gateway.data_path / "spark-audit",
-            driver_memory=config.spark.driver_memory,
-            class_data_archive=config.spark.class_data_archive,
-            conf=dict(config.spark.conf),
-        )
-        try:
-            result = audit_tables(session, locations)
-        finally:
-            stop_session(session)
+        with progress.start("audit", counts=("rows", "readers"), note="starting Spark"):
+            session = command_session(config, "audit")
+            try:
+                result = audit_tables(session, locations, progress)
+            finally:
+                stop_session(session)
     except AuditError as error:
         click.echo(f"fxgate audit: could not audit: {error}", err=True)
         sys.exit(2)
@@ -402,7 +435,7 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
-    from spark.session import build_session, stop_session
+    from spark.session import stop_session
     from spark.sql import (
         CannotQuery,
         QueryFailed,
@@ -422,14 +455,8 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
     try:
         check_tables_dir(tables_dir)  # a wrong path fails before a JVM starts
-        session = build_session(
-            config.spark.master,
-            config.gateway.data_path / "spark-sql",
-            driver_memory=config.spark.driver_memory,
-            class_data_archive=config.spark.class_data_archive,
-            # reads has more columns than Spark's default 25 in a plan's text (a WARN line).
-            conf={"spark.sql.debug.maxToStringFields": 100, **config.spark.conf},
-        )
+        # reads has more columns than Spark's default 25 in a plan's text (a WARN line).
+        session = command_session(config, "sql", {"spark.sql.debug.maxToStringFields": 100})
         try:
             # Each view reads a Delta snapshot: no lock of ours (the daemon may be writing).
             for name, why in register_tables(session, tables_dir).items():
@@ -461,7 +488,8 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
 
 @main.command()
 @config_option
-def compact(config_path: Path | None) -> None:
+@no_progress_option
+def compact(config_path: Path | None, no_progress: bool) -> None:
     """Maintain the Delta tables: OPTIMIZE (small files into large ones, the open date too),
     VACUUM past the retention, checkpoint and clean the log; one pass, then exit 0.
 
@@ -475,7 +503,7 @@ def compact(config_path: Path | None) -> None:
     )
     logging.getLogger("py4j").setLevel(logging.WARNING)
     try:
-        click.echo(compact_tables(config))
+        click.echo(compact_tables(config, _progress(no_progress)))
     except CompactRefused as error:
         click.echo(f"fxgate compact: {error}", err=True)
         sys.exit(2)

@@ -15,6 +15,8 @@ import logging
 import time
 from pathlib import Path
 
+from actors.app.command_session import command_session
+from actors.app.progress import ProgressReporter
 from actors.config.schema import Config
 from actors.crashpoints import (
     MAINTENANCE_CRASH_DELAY,
@@ -33,8 +35,12 @@ class CompactRefused(RuntimeError):
     """The pass cannot run here or now; the message says why (exit status 2)."""
 
 
-def compact_tables(config: Config) -> str:
+def compact_tables(config: Config, progress: ProgressReporter | None = None) -> str:
+    """Run the pass here, or hand it to the daemon; the line that says which. `progress`
+    reports the pass (tables, files compacted), not the hand-over, which takes no time."""
     from spark.writer_lock import WriterBusy, WriterLock
+
+    progress = progress or ProgressReporter(enabled=False)
 
     try:
         arm_from_environ()
@@ -43,7 +49,7 @@ def compact_tables(config: Config) -> str:
     location = config.spark.tables_path(config.gateway.data_path)
     tables = local_path(location)
     if tables is None:
-        return _spark_pass(config, location)
+        return _spark_pass(config, location, progress)
     lock = WriterLock(tables, "fxgate compact")
     try:
         lock.acquire()
@@ -60,7 +66,7 @@ def compact_tables(config: Config) -> str:
         from spark.maintenance import DeltaMaintainer
 
         log.info("maintaining the Delta tables in %s", tables)
-        result = DeltaMaintainer(
+        maintainer = DeltaMaintainer(
             tables,
             target_file_bytes=config.compaction.target_file_mb * 1024 * 1024,
             open_file_bytes=config.compaction.open_file_mb * 1024 * 1024,
@@ -68,7 +74,9 @@ def compact_tables(config: Config) -> str:
             checkpoint=crash_point,
             soon=lambda name: crash_soon(name, delay=MAINTENANCE_CRASH_DELAY),
             properties=config.compaction.table_properties(),
-        ).run(time.time())
+        )
+        with progress.start("compact", unit="tables", counts=("files", "vacuumed")):
+            result = maintainer.run(time.time(), progress)
     finally:
         lock.release()
     return f"maintenance pass: {result.summary()}"
@@ -87,24 +95,19 @@ def _refuse_legacy_layout(tables: Path) -> None:
         )
 
 
-def _spark_pass(config: Config, location) -> str:
+def _spark_pass(config: Config, location, progress: ProgressReporter) -> str:
     """Remote tables: the pass through delta-spark (the daemon's own passes run the same way)."""
     from spark.maintenance import SparkMaintainer
-    from spark.session import build_session, stop_session
+    from spark.session import stop_session
 
-    session = build_session(
-        config.spark.master,
-        config.gateway.data_path / "spark-compact",
-        driver_memory=config.spark.driver_memory,
-        class_data_archive=config.spark.class_data_archive,
-        conf=dict(config.spark.conf),
-    )
-    try:
-        result = SparkMaintainer(
-            session,
-            location,
-            vacuum_retention_hours=config.compaction.vacuum_retention_hours,
-        ).run(time.time())
-    finally:
-        stop_session(session)
+    with progress.start("compact", unit="tables", counts=("files",), note="starting Spark"):
+        session = command_session(config, "compact")
+        try:
+            result = SparkMaintainer(
+                session,
+                location,
+                vacuum_retention_hours=config.compaction.vacuum_retention_hours,
+            ).run(time.time(), progress)
+        finally:
+            stop_session(session)
     return f"maintenance pass: {result.summary()}"

@@ -206,6 +206,7 @@ class Gateway:
         # Totals the supervisor counts but does not put in its snapshot; /metrics needs them.
         snapshot.setdefault("rows_written", supervisor.rows_written)
         snapshot.setdefault("dead_letters_written", supervisor.dead_letters_written)
+        snapshot.setdefault("dead_letters_by_reason", dict(supervisor.dead_letters_by_reason))
         snapshot.setdefault("restarts", self.restarts)
         self.board.publish(snapshot)
         try:
@@ -239,7 +240,7 @@ class Gateway:
         if moved:
             log.critical(
                 "not restarting: %s found corrupt and moved aside (%s); salvage or remove it, "
-                "then start again (README, 'Storage faults')",
+                "then start again (docs: operating/faults)",
                 "database file" if len(moved) == 1 else "database files",
                 ", ".join(p.name for p in moved),
             )
@@ -248,7 +249,8 @@ class Gateway:
     def run(self) -> int:
         cfg = self.config.gateway
         budget = RestartBudget(cfg.max_restarts, cfg.restart_window_seconds)
-        private_directory(cfg.data_path)  # owner-only from the first moment (README, Security)
+        # Owner-only from the first moment (docs/pages/operating/security.md).
+        private_directory(cfg.data_path)
         try:
             check_versions(cfg.data_path)
         except SchemaTooNew as error:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+from spark.progress import NO_PROGRESS, Progress
+
 PAYLOAD_PREVIEW = 80
 # Topics and details come from the readers' side: shown no longer than this, and escaped, so a
 # hostile topic can neither flood the terminal nor steer it with control sequences.
@@ -49,28 +51,45 @@ class DeadLetter:
         return repr(text + more)
 
 
-def load_dead_letters(tables_dir: Path, reason: str | None = None) -> list[DeadLetter]:
-    """Every dead letter (of one reason, if given), newest first, from one snapshot of the
-    Delta table (no lock: the daemon may be writing). `batch_id` is the batch it landed in."""
-    from spark.schema import DEAD_LETTERS_SCHEMA
-    from spark.tables import DEAD_LETTERS, read_table_arrow
+# Rows read from the table between two advances of the progress.
+_READ_BATCH_ROWS = 10_000
 
-    table = read_table_arrow(tables_dir, DEAD_LETTERS, DEAD_LETTERS_SCHEMA)
-    letters = [
-        DeadLetter(
-            row["message_key"],
-            row["topic"],
-            row["reason"],
-            row.get("detail"),
-            row.get("received_time"),
-            row.get("batch_id"),
-            row.get("payload"),
-            row.get("qos") or 1,
-            row.get("sink") or "table",
+
+def load_dead_letters(
+    tables_dir: Path, reason: str | None = None, progress: Progress = NO_PROGRESS
+) -> list[DeadLetter]:
+    """Every dead letter (of one reason, if given), newest first, from one snapshot of the
+    Delta table (no lock: the daemon may be writing). `batch_id` is the batch it landed in.
+    `progress` counts the dead letters read, of the table's total (from its log's statistics).
+    Raises TablesNotReadable when the tables are not on this machine's disk."""
+    from spark.tables import DEAD_LETTERS, count_rows, is_delta_table, table_path
+
+    progress.expect(count_rows(tables_dir, DEAD_LETTERS))
+    path = table_path(tables_dir, DEAD_LETTERS)
+    if not is_delta_table(path):
+        return []
+    from deltalake import DeltaTable
+
+    # One snapshot, read in record batches; a column added since an older row was written
+    # reads as None (row.get), as in the table's current schema.
+    letters = []
+    for batch in DeltaTable(path).to_pyarrow_dataset().to_batches(batch_size=_READ_BATCH_ROWS):
+        letters.extend(
+            DeadLetter(
+                row["message_key"],
+                row["topic"],
+                row["reason"],
+                row.get("detail"),
+                row.get("received_time"),
+                row.get("batch_id"),
+                row.get("payload"),
+                row.get("qos") or 1,
+                row.get("sink") or "table",
+            )
+            for row in batch.to_pylist()
+            if reason is None or row["reason"] == reason
         )
-        for row in table.to_pylist()
-        if reason is None or row["reason"] == reason
-    ]
+        progress.advance(batch.num_rows)
     letters.sort(key=lambda d: (d.received_time is None, d.received_time), reverse=True)
     return letters
 

@@ -522,6 +522,18 @@ def _landing(snapshot: dict) -> Iterator[Metric]:
             "Rows written to the dead_letters table.",
             snapshot["dead_letters_written"],
         )
+    by_reason = snapshot.get("dead_letters_by_reason")
+    if by_reason is not None:
+        family = CounterMetricFamily(
+            "fxgate_dead_letters",
+            "Rows written to the dead_letters table since the start, by the sink the message "
+            "failed for (table | upstream) and the reason.",
+            labels=["sink", "reason"],
+        )
+        for key, count in sorted(by_reason.items()):
+            sink, _, reason = key.partition("/")
+            family.add_metric([sink, reason], count)
+        yield family
     spark = snapshot.get("spark")
     if spark is not None:
         yield _gauge(
@@ -575,7 +587,7 @@ def _landing(snapshot: dict) -> Iterator[Metric]:
 def _readers(snapshot: dict) -> Iterator[Metric]:
     """Each reader's eventNum counters, from what reached this gateway's table (spark.gaps).
     Within a shared group each gateway sees only its share: `fxgate audit` over the union of
-    the group's tables is the authority (README, "Finding lost reads")."""
+    the group's tables is the authority (docs/pages/operating/audit.md)."""
     readers = snapshot.get("readers") or {}
     if not readers:
         return

@@ -211,7 +211,7 @@ def format_status(report: dict) -> str:
     for moved in report.get("corrupt_files") or []:
         lines.append(
             f"CORRUPT:    {moved} was moved aside at start; fxgate refuses to start until it "
-            "is salvaged or removed (README, Storage faults)"
+            "is salvaged or removed (docs: operating/faults)"
         )
     ledger = report["ledger"]
     if ledger.get("exists"):

@@ -191,38 +191,74 @@ SparkConfValue = Annotated[Any, AfterValidator(_spark_conf_value)]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid", strict=True, allow_inf_nan=False)
+    # Each field's docstring is its description: the configuration reference
+    # (actors/config/reference.py) is generated from them, with the sections' class docstrings.
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        use_attribute_docstrings=True,
+    )
 
 
 class GatewayConfig(_Section):
+    """The daemon itself: where it keeps its data, how durable its commits are, how it restarts
+    and stops, and its metrics and health endpoint."""
+
     data_dir: NonEmptyStr = "data"
+    """Where the ledgers, the daemon's other SQLite files and (unless `spark.tables_dir` says
+    otherwise) the tables live. A relative path is taken from the working directory the daemon
+    starts in. The daemon makes a directory of its own private to its user (0700)."""
     mode: Literal["development", "production"] = "development"
-    # process: SQLite WAL + synchronous=NORMAL survives kill -9; power: synchronous=FULL (§3.7).
+    """`production` refuses to guess the environment id, requires the variable named by each
+    `password_env` to be set, refuses `append_unique_id = true`, and refuses a `password_file`
+    or `tls_key_file` that group or others can access (development mode only warns)."""
     durability: Literal["process", "power"] = "process"
+    """`process`: SQLite in WAL mode with synchronous=NORMAL, which survives a `kill -9` of the
+    daemon. `power`: synchronous=FULL, which also survives a power cut, at one disk sync per
+    group commit: within run-to-run noise on a fast disk (2 vCPUs), the commits times the sync
+    latency on a slow one."""
     log_level: Annotated[str, AfterValidator(_log_level)] = "INFO"
-    # A crashed actor restarts the actor set (the ledger's recovery makes that safe), at most
-    # max_restarts times within restart_window_seconds; past that the daemon exits 1.
+    """The daemon's log level, in any case."""
+    # A crashed actor restarts the actor set (the ledger's recovery makes that safe).
     max_restarts: int = Field(3, ge=0)
+    """When an actor crashes, every actor is stopped and started again (the ledger recovers what
+    it stored), at most this many times within `restart_window_seconds`; one more crash in that
+    window and the daemon exits with status 1."""
     restart_window_seconds: float = Field(300.0, gt=0)
-    # The orderly stop (flush packs, commit batches, DISCONNECT keeping the session) gets this
-    # long; past it the daemon dumps every thread's stack, names what still runs and exits 3
-    # rather than hang until a service manager's SIGKILL hides why.
+    """The window in which `max_restarts` counts restarts."""
+    # Past it, exiting beats hanging until a service manager's SIGKILL hides why.
     stop_timeout_seconds: float = Field(60.0, gt=0)
-    # Prometheus /metrics and /healthz over HTTP; 0 = off. Loopback by default: the endpoint
-    # has no authentication, so exposing it is a deliberate choice.
+    """How long the orderly stop on SIGTERM or SIGINT may take (disconnect keeping the session,
+    flush the open packs, commit the last batch). Past it the daemon logs what still runs and
+    every thread's stack, then exits with status 3. Keep the service manager's stop timeout
+    (systemd `TimeoutStopSec`) a little above it, and raise both on a slow machine."""
     metrics_port: int = Field(0, ge=0, le=65535)
+    """TCP port of the HTTP endpoint with the Prometheus metrics (`/metrics`) and the health
+    check (`/healthz`: 200, or 503 with its reasons in a JSON body). 0 turns it off."""
     metrics_host: NonEmptyStr = "127.0.0.1"
-    # /healthz answers 503 when a connection has been down this long, when the status snapshot
-    # is this old (an actor not answering), or when rows wait and no batch landed this long.
+    """The address the metrics endpoint listens on. The endpoint has no authentication: keep it
+    on loopback unless a firewall guards the port."""
     health_connection_down_seconds: float = Field(120.0, gt=0)
+    """`/healthz` answers 503 when a broker connection has been down longer than this (at once
+    when `auto_reconnect = false` ended it)."""
     health_status_stale_seconds: float = Field(30.0, gt=0)
+    """`/healthz` answers 503 when the daemon's status snapshot (taken every second) is older
+    than this: an actor is not answering."""
     health_writer_stalled_seconds: float = Field(300.0, gt=0)
-    # Failed Spark attempts in a row (each retried, 1 s -> 60 s backoff) before /healthz says so.
+    """`/healthz` answers 503 when rows wait for the tables, every connection is up, and no
+    batch has landed for this long."""
     health_spark_failures: int = Field(3, ge=1)
-    # A reader heard from before and silent (no tag event, no management event) this long is
-    # flagged: a metric and a degraded /healthz detail (still 200: the gateway is fine, the reader
-    # or its path is not). 0 = off. Five heartbeats of a reader heartbeating every 60 s.
+    """`/healthz` answers 503 after this many failed table writes in a row. Each is retried on a
+    1 s → 60 s backoff; the batch and everything behind it wait in the ledger, nothing is
+    lost."""
     health_reader_silent_seconds: float = Field(300.0, ge=0)
+    """A reader heard from before (a tag event or a management event) and silent this long is
+    flagged: `fxgate_reader_silent{reader}` is 1, and `/healthz` lists it under `degraded` while
+    still answering 200 (the gateway is fine; restarting it would not bring a reader back). 300 s
+    is five heartbeats of a reader that heartbeats every 60 s; a reader without heartbeats that
+    reads no tag this long is flagged too. 0 turns the check off."""
 
     @property
     def data_path(self) -> Path:
@@ -274,49 +310,107 @@ def read_password_file(path: str) -> str:
 
 
 class SourceConfig(_BrokerSection):
+    """The broker the FX9600 readers publish to, and how the gateway subscribes to it. The
+    gateway's identity on its brokers (environment id, instance, shared group) is set here."""
+
     host: NonEmptyStr = "127.0.0.1"
+    """Host name or address of the source broker."""
     port: int = Field(1883, ge=1, le=65535)
+    """TCP port of the source broker (its TLS port, e.g. 8883, with `tls = true`)."""
     username: str | None = None
+    """User name to connect with; unset: connect without one."""
     password_env: EnvVarName | None = None
-    # Or a file holding the password, read at each connect (a trailing newline is dropped); in
-    # production mode it must be readable by its owner only.
+    """The NAME of the environment variable that holds the password, read at each connect (no
+    key holds the password itself). In production mode the variable must be set."""
     password_file: NonEmptyStr | None = None
-    # TLS to the broker. The tls_* keys need tls = true; relative paths are taken from the
-    # working directory.
+    """Or the path of a file that holds only the password (not with `password_env`): read at
+    every connect, so a rotated password is used from the next reconnect; a trailing newline is
+    dropped. In production mode the file must be private to the daemon's user (chmod 600)."""
     tls: bool = False
-    tls_ca_file: NonEmptyStr | None = None  # unset: the system's trusted CAs
-    tls_cert_file: NonEmptyStr | None = None  # with tls_key_file: mutual TLS
+    """Connect over TLS. The broker's certificate must chain to `tls_ca_file` and name `host`
+    (an IP address must be in its IP SANs). The other `tls_*` keys need `tls = true`."""
+    tls_ca_file: NonEmptyStr | None = None
+    """PEM file of the CA certificate(s) the broker's certificate must chain to; unset: the
+    system's trusted CAs. A relative path, here and in the other file keys, is taken from the
+    working directory. Every TLS file is loaded at start: a wrong path, a file that is not PEM or
+    a key that does not match its certificate fails with its key named."""
+    tls_cert_file: NonEmptyStr | None = None
+    """The client certificate (PEM) for mutual TLS, with `tls_key_file`: both or neither."""
     tls_key_file: NonEmptyStr | None = None
-    # Skips the broker's host name check (anyone on the path can pose as it): logged as a warning.
+    """The client certificate's unencrypted private key (PEM). In production mode the file must
+    be private to the daemon's user (chmod 600)."""
     tls_insecure: bool = False
+    """Skips the check that the certificate names `host`, so anyone on the network path can pose
+    as the broker; a warning at start says so. Only for a broker whose certificate names another
+    host, never in production."""
     client_id: ClientIdPart = "fxgate"
+    """First part of the MQTT client id `{client_id}-{environment}-{instance}`. Keep it stable:
+    the broker resumes the persistent session, and every QoS 1/2 read it queued, only for the
+    same client id."""
     environment_id: str | None = None  # checked by actors.config.identity, which knows the rule
+    """The environment this gateway belongs to, part of its client ids and of its shared group:
+    1 to 63 characters of `a-z`, `0-9` and `-`, starting with a letter or digit. Unset: the
+    `MQTT_ENVIRONMENT_ID` variable; without it, `local-{hostname}` in development mode, and a
+    start-up error in production mode."""
     instance_id: ClientIdPart | None = None
+    """Last part of the client id, one per gateway of an environment. Unset: this machine's host
+    name (lower-cased, other characters turned into `-`)."""
     append_unique_id: bool = False
-    # Plain subscription by default: mosquitto 2.0.11 does not restore a shared subscription
-    # from persistence after a restart, so reads published before we re-subscribe are dropped
-    # (tests/actors/test_mosquitto_facts.py). Set a group to scale out over several gateways.
+    """Adds a random 8-hex-digit suffix to the client id at every start. For development only
+    (several people on one broker): refused in production mode, because each restart would leave
+    the previous session behind at the broker, still collecting its share of reads."""
+    # mosquitto 2.0.11 does not restore a shared subscription from persistence after a restart
+    # (tests/actors/test_mosquitto_facts.py), hence plain by default.
     shared_subscription_group: Annotated[str, AfterValidator(_group_name)] = ""
+    """Subscribe as `$share/{group}-{environment}/{filter}`, so that the gateways of one
+    environment split the reads between them. Empty: a plain subscription. mosquitto 2.0.11
+    forgets shared subscriptions when it restarts and drops the reads published before the
+    gateways subscribe again; a plain subscription of a persistent session survives."""
     subscribe_topics: Annotated[
         tuple[TopicFilter, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)
     ] = ("zebra/fx/+/reads",)
-    # The readers' management-event topics (heartbeats, GPI, errors...), subscribed too; every
-    # message on them must be a management event. Empty: management events are still told from
-    # tag data by their envelope on the topics above.
+    """MQTT topic filters of the readers' tag data (`+` and `#` wildcards allowed). Give plain
+    filters: `shared_subscription_group` adds the `$share` prefix."""
     management_topics: Annotated[tuple[TopicFilter, ...], BeforeValidator(_list_as_tuple)] = ()
+    """The readers' management-event topics (heartbeats, GPI, errors, warnings, firmware
+    progress), subscribed as well, e.g. `["zebra/fx/+/mgmt"]`. Every message on them must be a
+    management event, else it is a dead letter; a filter also in `subscribe_topics` is refused.
+    Empty: a management event that arrives on a data topic is still recognised by its envelope
+    and lands in `reader_events`. The reader id is the level before the last."""
     qos: int = Field(2, ge=0, le=2)
-    # MQTT 5 §3.1.2.11.3 Receive Maximum: how many QoS 1/2 reads the broker may send before we
-    # acknowledge. None: one pack (packs.max_messages). The broker grants at most its own cap.
+    """Maximum QoS to subscribe with. The broker delivers each read at the lower of its publish
+    QoS and this."""
+    # MQTT 5 §3.1.2.11.3 Receive Maximum.
     receive_maximum: int | None = Field(None, ge=1, le=65535)
+    """How many QoS 1/2 reads the broker may send before the gateway acknowledges them (MQTT 5
+    Receive Maximum). Unset: one pack, `packs.max_messages`. The broker grants at most its own
+    cap (as shipped: mosquitto `max_inflight_messages` 20, HiveMQ 50, EMQX `max_inflight` 32)."""
     clean_session: bool = False
+    """`false` connects with clean start off: the broker keeps the session, and the reads queued
+    for it, while the gateway is away (for `session_expiry_interval_seconds`). `true` discards
+    them at every connect (a warning at start says so)."""
     # MQTT 5 §3.1.2.11.2: a four-byte integer; 0xFFFFFFFF means the session never expires.
     session_expiry_interval_seconds: int = Field(3600, ge=0, le=0xFFFFFFFF)
+    """How long the broker keeps the session, and the reads it queues for it, after a disconnect
+    (4294967295: for ever). Keep it above the longest outage of the gateway, pauses at the disk
+    budget included; a warning at start flags 0 or a value not above
+    `reconnect_max_delay_seconds`."""
     auto_reconnect: bool = True
+    """Reconnect after a drop, on the backoff below. `false`: the first drop, or a failed first
+    connect, ends the connection for good (an ERROR, and `/healthz` 503 at once); the daemon
+    keeps running, and a restart reconnects."""
     reconnect_min_delay_seconds: float = Field(1.0, gt=0)
+    """The first reconnect delay; it doubles at each failed attempt up to
+    `reconnect_max_delay_seconds`."""
     reconnect_max_delay_seconds: float = Field(120.0, gt=0)
+    """The longest reconnect delay; not below `reconnect_min_delay_seconds`."""
     reconnect_jitter: float = Field(0.25, ge=0, le=1)
+    """Each reconnect delay is randomised by up to this fraction either way (0.25: ±25 %)."""
     # MQTT §3.1.2.10: a two-byte integer; 0 turns keep-alive off.
     keepalive_seconds: int = Field(30, ge=0, le=65535)
+    """MQTT keep-alive interval; 0 turns keep-alive off. While the source is paused at the disk
+    budget the broker hears no ping and closes the connection after 1.5 times this; the session
+    stays and the gateway reconnects when the pause ends."""
 
     @field_validator("management_topics")
     @classmethod
@@ -333,73 +427,144 @@ class SourceConfig(_BrokerSection):
 
 
 class UpstreamConfig(_BrokerSection):
-    """The broker reads are forwarded to. The section is optional: without it nothing is
-    forwarded. Its environment id is the gateway's (`source.environment_id` or the variable)."""
+    """The broker reads are forwarded to. Optional: this section and at least one `[[routes]]`
+    entry turn forwarding on together (one without the other is an error), and every read that
+    matches a route is then also published upstream. The upstream is the ledger's second sink:
+    the tables never wait for it, nor it for them. Its environment id is the gateway's
+    (`source.environment_id` or `MQTT_ENVIRONMENT_ID`)."""
 
     enabled: bool = True
+    """`false` stops forwarding for a while without deleting the section and its routes (the
+    routes are still checked)."""
     # No default: a forgotten host must not quietly forward into the local (source) broker.
     host: NonEmptyStr
+    """Host name or address of the upstream broker; no default, so that a forgotten host never
+    forwards into the source broker. Reach a broker outside this network with `tls = true`."""
     port: int = Field(1883, ge=1, le=65535)
+    """TCP port of the upstream broker (its TLS port, e.g. 8883, with `tls = true`)."""
     username: str | None = None
+    """User name to connect with; unset: connect without one."""
     password_env: EnvVarName | None = None
-    # Or a file holding the password, read at each connect (a trailing newline is dropped); in
-    # production mode it must be readable by its owner only.
+    """The NAME of the environment variable that holds the password, read at each connect (no
+    key holds the password itself). In production mode the variable must be set."""
     password_file: NonEmptyStr | None = None
-    # TLS to the broker. The tls_* keys need tls = true; relative paths are taken from the
-    # working directory.
+    """Or the path of a file that holds only the password (not with `password_env`): read at
+    every connect, a trailing newline dropped. In production mode the file must be private to
+    the daemon's user (chmod 600)."""
     tls: bool = False
-    tls_ca_file: NonEmptyStr | None = None  # unset: the system's trusted CAs
-    tls_cert_file: NonEmptyStr | None = None  # with tls_key_file: mutual TLS
+    """Connect over TLS. The broker's certificate must chain to `tls_ca_file` and name `host`.
+    The other `tls_*` keys need `tls = true`."""
+    tls_ca_file: NonEmptyStr | None = None
+    """PEM file of the CA certificate(s) the broker's certificate must chain to; unset: the
+    system's trusted CAs. Loaded at start, like every TLS file; a relative path is taken from
+    the working directory."""
+    tls_cert_file: NonEmptyStr | None = None
+    """The client certificate (PEM) for mutual TLS, with `tls_key_file`: both or neither."""
     tls_key_file: NonEmptyStr | None = None
-    # Skips the broker's host name check (anyone on the path can pose as it): logged as a warning.
+    """The client certificate's unencrypted private key (PEM). In production mode the file must
+    be private to the daemon's user (chmod 600)."""
     tls_insecure: bool = False
+    """Skips the check that the certificate names `host`, so anyone on the network path can pose
+    as the broker; a warning at start says so. Never in production."""
     client_id: ClientIdPart = "fxgate-upstream"
-    instance_id: ClientIdPart | None = None  # unset: source.instance_id, then the host name
+    """First part of the upstream client id `{client_id}-{environment}-{instance}`, with the
+    gateway's environment id. Keep it stable: the upstream session holds the packet ids of the
+    QoS 2 messages in flight."""
+    instance_id: ClientIdPart | None = None
+    """Last part of the upstream client id. Unset: `source.instance_id`, else this machine's host
+    name."""
     append_unique_id: bool = False
+    """Adds a random suffix to the client id at every start. For development only: refused in
+    production mode, since a new client id abandons the session that holds the packet ids of
+    the QoS 2 messages in flight."""
     # false keeps the session, and with it the packet ids of QoS 2 messages in flight (§3.2).
     clean_session: bool = False
+    """Keep `false`: the session, and with it the packet ids of the messages in flight, outlives
+    a disconnect or a restart, so they are sent again under the same ids. With `true`, QoS 1/2
+    messages in flight at a disconnect are sent again under new packet ids and may arrive twice
+    (a warning at start says so)."""
     session_expiry_interval_seconds: int = Field(3600, ge=0, le=0xFFFFFFFF)
+    """How long the upstream broker keeps the session after a disconnect (4294967295: for
+    ever)."""
     keepalive_seconds: int = Field(30, ge=0, le=65535)
+    """MQTT keep-alive interval; 0 turns keep-alive off."""
     auto_reconnect: bool = True
+    """Reconnect after a drop, on the backoff below. `false`: the first drop, or a failed first
+    connect, ends the connection for good (an ERROR, and `/healthz` 503 at once); what waits for
+    the upstream stays in the ledger until a restart."""
     reconnect_min_delay_seconds: float = Field(1.0, gt=0)
+    """The first reconnect delay; it doubles at each failed attempt up to
+    `reconnect_max_delay_seconds`."""
     reconnect_max_delay_seconds: float = Field(120.0, gt=0)
+    """The longest reconnect delay; not below `reconnect_min_delay_seconds`."""
     reconnect_jitter: float = Field(0.25, ge=0, le=1)
-    # Messages handed to paho at once; the broker's Receive Maximum caps it further. paho's
-    # in-flight scan is quadratic: 1000 was slower than 20 (§4).
+    """Each reconnect delay is randomised by up to this fraction either way (0.25: ±25 %)."""
+    # paho's in-flight scan is quadratic: 1000 was slower than 20 (§4).
     window: int = Field(20, ge=1, le=65535)
-    # Where the forward leg (tier-2 buffer, outbound ledger, this connection) runs: "own", in a
-    # child process with an interpreter of its own (actors/forward_process.py), so forwarding
-    # and ingest use both cores; "shared", in the daemon's process beside the intake.
+    """Messages in flight upstream at most; the broker's Receive Maximum caps it further, after a
+    reconnect too. Raising it far does not help: paho slows down with many messages in flight
+    (1000 was slower than 20)."""
+    # actors/forward_process.py runs the leg in its own process.
     process: Literal["own", "shared"] = "own"
+    """Where the forward leg (tier-2 buffer, outbound ledger, upstream connection) runs: `own`, a
+    child process of the daemon with an interpreter of its own, so that forwarding and ingest
+    use both cores; `shared`, threads of the daemon's process."""
 
 
+# `Config.routes` holds the entries as `actors.config.routes.Route` values.
 class RouteConfig(_Section):
-    """One `[[routes]]` entry, as written; `Config.routes` holds them as `Route` values."""
+    """One `[[routes]]` entry: the reads whose topic matches `source` are forwarded upstream to
+    `target`. The first entry, in file order, that matches a read's topic wins; a read that
+    matches none is not forwarded (it lands in the tables all the same). Entries are numbered
+    from 0 in file order, as errors (`routes[0].qos`) and environment variables name them.
+    Life-cycle events go upstream on their own topic, ahead of every route."""
 
     source: RouteFilter
+    """An MQTT topic filter (`+` and `#` wildcards) matched against the topic a read arrived on,
+    which never starts with `$share/`."""
     target: Annotated[str, AfterValidator(check_target)] = DEFAULT_TARGET
+    """The upstream topic: `{topic}` is the whole source topic, `{reader}` the reader id (the
+    level before the last, as in `zebra/fx/<reader>/reads`), `{environment}` the environment id.
+    No wildcards and no leading `$`; `{{` and `}}` stand for literal braces."""
     qos: int = Field(1, ge=0, le=2)
-    # false: the message is not kept across restarts, so QoS 1/2 cannot be honoured upstream
-    # and the route forwards at QoS 0 (a warning says so, as HiveMQ Edge does).
+    """The QoS asked of the upstream, whatever QoS a read arrived with (the ledger made it
+    durable). 2 is exactly once upstream, through restarts of the gateway; 0 is sent once and
+    never again."""
+    # As HiveMQ Edge does: a route that does not persist cannot promise QoS 1/2 upstream.
     persist: bool = True
+    """`false`: live only. Forwarded at QoS 0 (a QoS 1/2 `qos` is lowered, with a warning at
+    start), never sent again, and not forwarded by the next run if the gateway stops first (an
+    upstream dead letter, `restart_dropped`). The read is in the ledger and lands in the tables
+    all the same."""
 
 
 class BufferConfig(_Section):
-    """Tier 2: the bounded in-memory buffer between the durable tier-1 ledger and the upstream
-    connection (§3.4). At either cap it takes no more from tier 1, and the upstream's backlog
-    waits there, on disk; it takes again once what it holds and has asked for is down to the low
-    watermark. A full tier 2 never pauses the source (only the ledger's disk budget does)."""
+    """Tier 2: the bounded in-memory queue of messages on their way upstream, used only when
+    forwarding. Behind it tier 1, the ledger, keeps the upstream's backlog on disk, in order: at
+    either cap tier 2 takes no more from it, and a full tier 2 never pauses the source (only the
+    ledger's disk budget does)."""
 
     max_messages: int = Field(10000, ge=1)
+    """Messages tier 2 holds at most."""
     max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    # No longer used: a full tier 2 paused the source until the ledger became the buffer of
-    # both sinks. Accepted, so that older configuration files still load, with a warning.
+    """Payload bytes tier 2 holds at most."""
     high_watermark: float | None = Field(None, gt=0, le=1)
+    """No longer used (a full tier 2 paused the source before the ledger became the buffer of
+    both sinks): still accepted, so that older files load, with a warning at start. Remove
+    it."""
     low_watermark: float = Field(0.5, gt=0, lt=1)
-    # What happens to a QoS 0 message at a full cap; QoS 1/2 are never dropped, they wait in tier 1.
+    """Once at a cap, tier 2 takes from the ledger again when what it holds, and has asked for,
+    is down to this fraction of the caps."""
     overflow: Literal["drop_oldest", "drop_new"] = "drop_oldest"
-    # true: QoS 0 messages also go through the durable tier 1 (slower, survives restarts).
+    """Which message goes at a full cap. Only the live-only forwards (a `persist = false` route,
+    or a `qos = 0` route without `persist_qos0`) are ever dropped, each drop counted and
+    recorded as an upstream dead letter (`overflow_dropped`); every other message waits in the
+    ledger."""
     persist_qos0: bool = False
+    """The forward leg of a `qos = 0` route (every read is in the ledger and lands in the tables
+    anyway). `false`: live only, as with `persist = false` (dropped at a full tier 2 or at a
+    restart, each drop an upstream dead letter). `true`: such messages wait in the ledger and
+    are forwarded after an outage or a restart. A `persist = false` route stays live only."""
 
     @field_validator("low_watermark")
     @classmethod
@@ -411,79 +576,165 @@ class BufferConfig(_Section):
 
 
 class LedgerConfig(_Section):
+    """The inbound ledger (`<data_dir>/ledger.sqlite`): every read is committed here before the
+    broker gets its acknowledgement, and waits here, on disk, until both sinks (the tables and,
+    when forwarding, the upstream) have it. Its disk budget decides when the source is
+    paused."""
+
     group_commit_max_messages: int = Field(200, ge=1)
+    """Reads are committed in groups: a commit happens when this many wait or the oldest has
+    waited `group_commit_max_delay_seconds`, whichever comes first. Nothing is acknowledged to
+    the broker before its commit."""
     group_commit_max_delay_seconds: float = Field(0.005, ge=0)
-    # What the source connection may hand the ledger before the ledger has taken it; past either
-    # limit paho's thread stops reading the socket (actors/mqtt/intake.py says why).
+    """The longest a read waits for its group commit."""
+    # actors/mqtt/intake.py says why paho's thread must stop reading the socket.
     intake_max_messages: int = Field(2000, ge=2)
+    """Reads the source connection may hand the ledger before the ledger has stored them. Past
+    this or `intake_max_bytes` the connection stops reading from the broker until the ledger is
+    down to half, so memory stays bounded even when the broker sends more than the Receive
+    Maximum (mosquitto 2.0.11 does while it drains a queued session)."""
     intake_max_bytes: int = Field(16 * 1024 * 1024, ge=1024)
-    # How each row's message_id is formed (persistence.keys.READ_KEYS).
+    """The same limit in payload bytes."""
+    # persistence.keys.READ_KEYS forms the keys.
     idempotency_key: Literal["payload_hash", "read_fields"] = "payload_hash"
-    # The disk budget (persistence/disk_budget.py): the ledger's files may use max_bytes, and
-    # their file system must keep min_free_bytes free; past either, the source is paused (its
-    # socket not read) until the sinks catch up. The README, "Disk budget", has the arithmetic.
+    """How each row's key (`message_id`) is formed; a table never holds two rows with one key.
+    `payload_hash`: a SHA-256 of topic and payload, then `:<index of the read in the message>`.
+    `read_fields`: `<reader>/<eventNum>/<event time in µs>`, so that one read sent again in
+    another message is still stored once (a read without `eventNum` falls back to
+    `payload_hash`)."""
+    # The disk budget: persistence/disk_budget.py.
     max_bytes: int = Field(4 * 1024**3, ge=64 * 1024)
+    """The disk budget: what the ledger's files may use. The ledger is the buffer for an outage
+    of either sink and acknowledges the source until its files reach this, or their file system
+    gets below `min_free_bytes`; then the source is paused (its socket not read) with a WARNING,
+    `fxgate_source_paused` 1 and `/healthz` 503, and the broker's queue limit decides what is
+    lost. It resumes at 90 % of this. A read takes about 375 bytes while a sink owes it (4 GiB:
+    about 16 hours of one reader at 200 tags/s), and its key 163 bytes for the source session's
+    expiry plus 10 minutes after both sinks have it: keep this well above 163 bytes times the
+    reads per second times (`source.session_expiry_interval_seconds` + 600) (270 MB at 400
+    reads/s and the default expiry)."""
     min_free_bytes: int = Field(1024**3, ge=0)
+    """Free space the ledger's file system must keep; below it the source is paused as at
+    `max_bytes`. 1 GiB leaves room for the system, its logs, the broker's persistence and the
+    tables' writes on the same disk."""
 
 
 class PacksConfig(_Section):
-    # TBMQ's defaults: packs of <= 200 messages, 20 s to process one, RETRY_ALL with 3 retries.
+    """Stored reads are handed on in packs, with TBMQ's semantics and defaults: at most 200
+    reads, 20 s to process one, RETRY_ALL with 3 retries. What the forward leg gives up on lands
+    in the `dead_letters` table (`forward_failed`), never dropped silently."""
+
     max_messages: int = Field(200, ge=1, le=65535)
+    """Most reads in a pack. Also the Receive Maximum asked of the source broker when
+    `source.receive_maximum` is unset."""
     linger_seconds: float = Field(1.0, gt=0)
+    """A pack that is not full is closed after this long. A read reaches its table within about
+    this plus 2 s (p99) at the defaults."""
     processing_timeout_seconds: float = Field(20.0, gt=0)
+    """How long a pack may take before it counts as failed. Upstream, the clock runs only while
+    the upstream is connected, so an outage costs a pack none of its retries; a table write
+    still running after this long is cancelled and retried."""
     ack_strategy: Literal["RETRY_ALL", "SKIP_ALL"] = "RETRY_ALL"
-    retries: int = Field(3, ge=0)  # 0 = unlimited
+    """What the forward leg does with a failed pack: `RETRY_ALL` tries its unacknowledged
+    messages again, up to `retries` times, then dead-letters them; `SKIP_ALL` dead-letters them
+    at once. A failed table write is always retried (1 s → 60 s backoff)."""
+    retries: int = Field(3, ge=0)
+    """Retries of a failed pack under `RETRY_ALL`; 0: without limit."""
 
 
 class LifecycleConfig(_Section):
-    # The MQTT topic of the life-cycle events; {environment} = the environment id, {client} =
-    # the connection's client id (a whole level, so consumers can subscribe with '+').
+    """Life-cycle events of the gateway's own connections (connected, disconnected, created or
+    updated, deleted) as CloudEvents 1.0 JSON, in the shape of Azure Event Grid's MQTT client
+    events. They are stored like reads, land in the `events` table, and are published at QoS 1:
+    upstream when forwarding, else on the source broker."""
+
     topic: Annotated[str, AfterValidator(check_lifecycle_topic)] = DEFAULT_LIFECYCLE_TOPIC
-    # The events' `data.namespaceName` (Event Grid names the namespace in every client event);
-    # unset: the environment id (`Config.lifecycle_namespace`).
+    """The MQTT topic of the events: `{environment}` is the environment id, `{client}` the
+    connection's client id, a whole topic level of its own (so that consumers can subscribe with
+    `+`)."""
+    # Unset: the environment id (`Config.lifecycle_namespace`).
     namespace: Annotated[str, AfterValidator(_namespace_name)] | None = None
+    """The events' `data.namespaceName`, as Event Grid names its namespace in every client
+    event. Unset: the environment id."""
 
 
 class SparkConfig(_Section):
+    """How batches land in the Delta tables (`reads`, `events`, `reader_events`,
+    `dead_letters`), and the Spark session of the reading commands (`fxgate sql`, `audit`,
+    `report`) and of the daemon when it lands through Spark."""
+
     master: NonEmptyStr = "local[2]"
-    # A local path or a Hadoop URI the whole cluster reaches (spark/location.py has the rules).
+    """The Spark master: `local[2]` runs Spark inside the process on 2 cores; `spark://host:7077`
+    (`spark://a:7077,b:7077` with standby masters) a standalone cluster, whose executors then
+    write the batches."""
+    # spark/location.py has the rules.
     tables_dir: NonEmptyStr | None = None
-    # One Delta commit per table per batch (a Spark job costs ~0.1 s fixed with landing =
-    # "spark"), so rows are flushed tens of packs at a time (§4).
+    """Where the tables live. Unset: `<data_dir>/tables`. A local path (relative to the working
+    directory), a `file:` URI, or a URI the whole cluster reaches (`hdfs://namenode:8020/fxgate`,
+    `s3a://bucket/fxgate`). Credentials never go in the URI: give them in `[spark.conf]` or the
+    environment."""
+    # A Spark job costs ~0.1 s fixed with landing = "spark", hence tens of packs per commit (§4).
     batch_max_rows: int = Field(20000, ge=1)
-    # 1 s, not 2: the latency target (publish -> row, p99 <= packs.linger + 2 s) at the defaults;
-    # the cost is about twice the commits and small files a day, which maintenance packs
-    # (README, "Tables: Delta Lake").
+    """Rows are appended in one Delta commit per table per batch, written when this many rows
+    wait, when the oldest has waited `batch_max_seconds`, or when their payloads reach
+    `batch_max_bytes`."""
     batch_max_seconds: float = Field(1.0, gt=0)
-    # Also bound a batch by payload bytes: FX9600 batch mode puts 50-100 reads in one message,
-    # and 20,000 such messages (2M rows) ran a 512m driver out of memory (bench/results).
+    """The longest a row waits for its batch. 1 s keeps a read's way from publish to row within
+    `packs.linger_seconds` + 2 s; against 2 s it makes about twice the commits and small files
+    a day, which compaction packs."""
+    # 20,000 batched messages (2M rows) ran a 512m driver out of memory (bench/results).
     batch_max_bytes: int = Field(8 * 1024 * 1024, ge=1024)
-    # Hostile input (spark.zebra): a bigger payload, or more events in one message, lands in
-    # dead_letters (`oversized`, `too_many_reads`) with its payload cut to max_payload_bytes.
+    """Payload bytes that close a batch: a batched FX9600 message holds 50 to 100 reads, and
+    counting messages alone would make batches of millions of rows."""
     max_payload_bytes: int = Field(1024 * 1024, ge=1024)
+    """A message with a bigger payload lands in `dead_letters` (reason `oversized`), its payload
+    cut to this size. It is still acknowledged, and kept whole in the ledger until its batch
+    lands: nothing is dropped unrecorded."""
     max_reads_per_message: int = Field(10000, ge=1)
-    # The writer's credit with the ledger: at most backlog_high_messages (and
-    # backlog_high_bytes of payload) handed to the packs and the writer and not yet written; more
-    # is asked for once no more than backlog_low_messages wait. The rest waits in the ledger.
+    """A message holding more events lands in `dead_letters` (reason `too_many_reads`), its
+    payload cut to `max_payload_bytes`."""
     backlog_high_messages: int = Field(100000, ge=1)
+    """The writer's credit with the ledger: it takes at most this many messages (and
+    `backlog_high_bytes` of payload) that it has not yet written, and asks for more once no more
+    than `backlog_low_messages` wait. A slow or failing write leaves the rest in the ledger, on
+    disk; the source goes on."""
     backlog_low_messages: int = Field(50000, ge=0)
+    """The writer asks the ledger for more once no more than this many messages wait; below
+    `backlog_high_messages`."""
     backlog_high_bytes: int = Field(64 * 1024 * 1024, ge=1024)
+    """The writer's credit in payload bytes, beside `backlog_high_messages`."""
     driver_memory: Annotated[str, AfterValidator(_memory_size)] = "512m"
-    # The Spark JVM's class data archive (spark/cds.py): "auto" maps the one `make` wrote into
-    # the virtualenv when there is one; a path names another; "" starts without.
+    """Memory of the Spark driver's JVM."""
+    # spark/cds.py.
     class_data_archive: str = "auto"
-    # Batches are parsed in a child process (spark/parse_worker.py), off the daemon's GIL, on
-    # the core the intake does not use; false parses them in the writer's thread.
+    """The class data archive a Spark JVM maps, written by `make` at install, so that Spark is
+    ready in about 3 s instead of 4 to 6: `auto`, the install's archive when there is one; a
+    path, another archive; `""`, none. A JVM that cannot use it starts without it and logs a
+    WARNING."""
+    # spark/parse_worker.py.
     parse_worker: bool = True
-    # Processes the parse worker starts beside it: a batch of 1 MiB of payloads or more is built
-    # in parts, one in each, at once (spark/parse_worker.py). 0: the worker builds alone.
+    """Parse each batch in a child process, on the second core, leaving the daemon's interpreter
+    to the intake: the daemon's own CPU per message falls to about a tenth. `false` parses in
+    the writer's thread. The parser is the same; a worker that dies is restarted and its batch
+    parsed in the daemon meanwhile."""
     parse_helpers: int = Field(1, ge=0, le=7)
-    # "auto": batches written by pyarrow when the master is local and the tables are on this
-    # disk (spark.tables.ArrowTableWriter), else by Spark jobs; "spark": always by Spark jobs.
+    """Processes the parse worker starts beside it: a batch of 1 MiB of payloads or more is
+    built in parts, one in each process at once, then joined into the same rows. 1 uses the
+    second core; 0: the worker builds each batch alone."""
+    # spark.tables.ArrowTableWriter for "auto".
     landing: Literal["auto", "spark"] = "auto"
+    """How a batch lands. `auto`: with a local master and the tables on this machine's disk,
+    pyarrow writes the files and delta-rs commits them in the daemon's process, with no JVM (its
+    maintenance too); otherwise (a cluster, `hdfs://`, `s3a://`) a Spark job through
+    delta-spark. `spark`: always a Spark job, and the daemon keeps a Spark session. Both land
+    each batch exactly once, with the same Delta application ids."""
     conf: Annotated[dict[str, SparkConfValue], AfterValidator(_non_empty_key)] = Field(
         default_factory=dict
     )
+    """Extra Spark settings, handed to the session as given, in a `[spark.conf]` table, e.g.
+    `"spark.sql.shuffle.partitions" = 2` or a cluster's `spark.driver.host`. Keys that look
+    secret are masked in the log. `spark.driver.extraJavaOptions` replaces the options that map
+    the class data archive."""
 
     @field_validator("backlog_low_messages")
     @classmethod
@@ -523,39 +774,44 @@ class SparkConfig(_Section):
             yield name, value
 
 
+# spark/maintenance.py runs the passes.
 class CompactionConfig(_Section):
-    # Table maintenance through Delta (spark/maintenance.py): OPTIMIZE (bin-packing the small
-    # files each batch adds), VACUUM and log clean-up, on the Spark writer's thread between its
-    # writes: the first pass start_delay_seconds after the start, then one every
-    # interval_seconds. Appends slow down as the live file count grows (DESIGN §7: 31-55 ms per
-    # append after 300-600 commits, 10-13 ms with a compaction every 100), so compact often.
+    """Table maintenance, Delta's own: OPTIMIZE packs the small files each batch adds, VACUUM
+    deletes the files it replaced, and checkpoints with log clean-up keep each table quick to
+    open. Passes run on the writer's thread between its writes, with no JVM for
+    tables on this disk. `fxgate compact` runs one pass at once (or has the running daemon run
+    it)."""
+
     enabled: bool = True
+    """Run maintenance passes. Appends slow down as a table's live file count grows (31 to 55 ms
+    per append after 300 to 600 commits, 10 to 13 ms with a compaction every 100 commits), so
+    compact often."""
     start_delay_seconds: float = Field(60.0, ge=0)
+    """The first pass runs this long after the start."""
     interval_seconds: float = Field(300.0, gt=0)
-    # One file per this many MiB of a closed date: 128 MiB is Spark's read split, Parquet's row
-    # group and an HDFS block.
+    """Then a pass every this long."""
     target_file_mb: int = Field(128, ge=1)
-    # The open date (still landing) is packed into files of up to this size, so a pass every
-    # few minutes does not rewrite the whole day; the first pass after the date closes packs it
-    # into target_file_mb files.
+    """A closed date (no longer landing) is packed into files of this many MiB: 128 MiB is
+    Spark's read split, Parquet's row group and an HDFS block."""
     open_file_mb: int = Field(16, ge=1)
-    # Files a compaction replaced (and files of a write killed before its commit) are deleted
-    # by VACUUM once this old: a reader that opened the table before the pass has this long to
-    # finish (a read whose files went fails with a missing file, never with a short answer).
-    # Also the tables' `delta.deletedFileRetentionDuration`: every checkpoint carries the
-    # removed files this long (a day of them is about 54,000 entries in each checkpoint).
+    """The open date (still landing) is packed into files of up to this many MiB, so that a pass
+    every few minutes does not rewrite the whole day; the first pass after the date closes packs
+    it into `target_file_mb` files."""
     vacuum_retention_hours: int = Field(1, ge=0)
-    # A Delta checkpoint every this many commits: opening a table reads the last checkpoint
-    # and at most this many JSON commits (`delta.checkpointInterval`; delta-spark's default).
-    # It also bounds the writer's memory: its open table keeps every commit since the last
-    # checkpoint, and the daemon's heap rose 15-20 MiB per 100 commits (README "Benchmarks").
+    """Files a compaction replaced (and files of a write killed before its commit) are deleted
+    by VACUUM once this old: a reader that opened the table before has this long to finish (a
+    read whose files went fails with a missing file, never with a short answer). Also the
+    tables' `delta.deletedFileRetentionDuration`: every checkpoint lists the removed files this
+    long (a day of them is about 54,000 entries)."""
     checkpoint_interval: int = Field(10, ge=1)
-    # Log entries older than this go at a checkpoint (`delta.logRetentionDuration`): a table
-    # committing every second keeps a log of bounded size. delta-rs lists the whole log
-    # directory to open or update a table, before every append (2-4 us an entry measured here:
-    # a 48 h log at one commit a second, 108,000 entries, would cost about 0.2-0.3 s per
-    # append), so keep it short. Also how far back time travel goes.
+    """A Delta checkpoint every this many commits (`delta.checkpointInterval`, delta-spark's
+    default): opening a table reads the last checkpoint and at most this many commits. It also
+    bounds the writer's memory, which holds every commit since the last checkpoint (15 to 20 MiB
+    per 100 commits)."""
     log_retention_hours: float = Field(1.0, gt=0)
+    """Log entries older than this go at a checkpoint (`delta.logRetentionDuration`); also how far
+    back time travel goes. Keep it short: delta-rs lists the whole log before every append, and a
+    48-hour log at a commit a second would add about 0.2 to 0.3 s to each."""
 
     def table_properties(self) -> dict[str, str]:
         """The Delta table properties these settings give (spark.tables.table_properties)."""

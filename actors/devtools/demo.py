@@ -66,7 +66,7 @@ def run_demo(
         **os.environ,
         "FXGATE__SOURCE__PORT": str(broker.port),
         "FXGATE__GATEWAY__DATA_DIR": str(workdir / "data"),
-        # The simulated readers' heartbeats and GPI changes (README, Reader health).
+        # The simulated readers' heartbeats and GPI changes (docs/pages/operating/reader-health.md).
         "FXGATE__SOURCE__MANAGEMENT_TOPICS": MANAGEMENT_TOPICS,
     }
     config = load_config(None, environ=env)
@@ -76,8 +76,8 @@ def run_demo(
         if broker_kind == "mochi":
             say(
                 "Mochi MQTT 2.7.9 drops what is published while a session's client reconnects "
-                "(README, Brokers): the broker restart below can cost reads, which the result "
-                "then names"
+                "(docs: operating/brokers): the broker restart below can cost reads, which the "
+                "result then names"
             )
         log_file = open(workdir / "gateway.log", "w")  # noqa: SIM115 - lives as long as the daemon
         daemon = subprocess.Popen(

@@ -81,7 +81,7 @@ def _without_nagle(client: mqtt.Client, userdata: object, sock: object) -> None:
     comes: with Nagle's algorithm (paho leaves it on) each small write waits for the TCP ack of
     the last one. Off here, as brokers do on their side (mosquitto's `set_tcp_nodelay`, EMQX's
     `nodelay`). The source connection keeps it: there acks go out in groups, and coalescing
-    them was measured cheaper (README, "The ledger is the buffer", drain)."""
+    them was measured cheaper (docs/pages/operating/forwarding.md)."""
     setsockopt = getattr(sock, "setsockopt", None)  # a websocket wrapper has none
     if setsockopt is None:
         return

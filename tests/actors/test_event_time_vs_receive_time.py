@@ -32,7 +32,8 @@ HOUR = 3600.0
 OUTAGE = 2 * HOUR
 TOPIC = "zebra/fx/fx9600-01/reads"
 
-# The README's example, as the test runs it (`reads` is the table, read with mergeSchema).
+# The tables page's example (docs/pages/tables/index.md), as the test runs it (`reads` is the
+# table, read with mergeSchema).
 BY_HOUR = """
     SELECT date_format(date_trunc('HOUR', {column}), 'yyyy-MM-dd HH:00') AS hour,
            count(*) AS reads,

@@ -273,7 +273,7 @@ def test_at_its_disk_budget_the_ledger_pauses_the_source_loudly_and_resumes_when
         FXGATE__GATEWAY__METRICS_PORT=str(port),
         # About 2,700 reads of the simulator's size (375 bytes each in the ledger, measured);
         # once both sinks are done their keys alone (163 bytes each) stay below the 90 % at
-        # which the source resumes (README, "Disk budget").
+        # which the source resumes (docs/pages/operating/disk-budget.md).
         FXGATE__LEDGER__MAX_BYTES=str(1024 * 1024),
         FXGATE__LEDGER__MIN_FREE_BYTES="0",
     )

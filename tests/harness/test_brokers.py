@@ -89,7 +89,7 @@ def test_what_each_broker_queues_while_a_persistent_subscriber_reconnects(broker
     hands the old session over to the new connection: `inheritClientSession` copies the old
     client's in-flight messages, later clears them, and what the old client got in between is
     gone (53 of 600 at 300 msg/s across one reconnect, with a bare paho subscriber too). No
-    client can prevent it; the audit names such losses (README, Brokers)."""
+    client can prevent it; the audit names such losses (docs/pages/operating/brokers.md)."""
     # Queues long enough for everything (this is about the hand-over, not the queue limits).
     broker = broker_factory(kind, **({"max_queue_size": 100_000} if kind == "hivemq" else {}))
     client_id = f"reconnecting-{kind}"

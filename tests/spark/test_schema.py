@@ -11,6 +11,7 @@ from spark.schema import (
     READER_EVENTS_SCHEMA,
     READS_SCHEMA,
     build_batch,
+    dead_letter_reasons,
 )
 from spark.zebra import TagRead
 
@@ -327,3 +328,13 @@ def test_replaying_a_batch_with_management_events_builds_identical_tables():
     again = build_batch(records, batch_id=2, management_filters=("zebra/fx/+/management",))
     assert first.reader_events.equals(again.reader_events)
     assert first.observations == again.observations
+
+
+def test_a_batchs_dead_letters_are_counted_by_sink_and_reason_a_null_sink_as_table():
+    tables = build_batch(mixed_records(), batch_id=1)
+    counted = dead_letter_reasons(tables.dead_letters)
+    reasons = tables.dead_letters.column("reason").to_pylist()
+    assert sum(counted.values()) == tables.dead_letters.num_rows == len(reasons) >= 2
+    assert {reason for _, reason in counted} == set(reasons)
+    older = pa.table({"sink": [None, "upstream"], "reason": ["invalid_json", "expired"]})
+    assert dead_letter_reasons(older) == {("table", "invalid_json"): 1, ("upstream", "expired"): 1}

@@ -80,6 +80,8 @@ def test_the_shared_session_has_no_ui_delta_few_log_tasks_utc_and_arrow(spark_se
     conf = spark_session.conf
     assert spark_session.sparkContext.uiWebUrl is None
     assert conf.get("spark.ui.enabled") == "false"
+    # Spark's console progress bars would break into the commands' own progress on stderr.
+    assert conf.get("spark.ui.showConsoleProgress") == "false"
     assert conf.get("spark.sql.extensions") == "io.delta.sql.DeltaSparkSessionExtension"
     assert conf.get("spark.databricks.delta.snapshotPartitions") == "2"
     assert conf.get("spark.sql.sources.parallelPartitionDiscovery.parallelism") == "8"

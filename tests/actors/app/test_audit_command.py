@@ -36,7 +36,7 @@ def test_the_command_exits_2_with_the_cause_when_spark_fails(tmp_path, monkeypat
 
     monkeypatch.setattr(spark.session, "build_session", no_jvm)
     (tmp_path / "tables" / READS).mkdir(parents=True)
-    result = audit_cli(tmp_path, "--tables", str(tmp_path / "tables"), "--json")
+    result = audit_cli(tmp_path, "--tables", str(tmp_path / "tables"), "--json", "--no-progress")
     assert result.exit_code == 2
     assert result.stdout == ""
     assert result.stderr == (

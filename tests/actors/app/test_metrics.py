@@ -537,3 +537,13 @@ def test_the_silent_flag_is_off_at_zero_and_a_reader_never_heard_is_never_silent
     board.publish(snapshot(reader_health={"fx9600-01": ReaderHealth().state()}))
     clock.advance(100.0)
     assert board.health().degraded == ()
+
+
+def test_landed_dead_letters_are_counted_by_sink_and_reason(board):
+    by_reason = {"table/invalid_json": 3, "table/wrong_type": 1, "upstream/forward_failed": 2}
+    board.publish(snapshot(dead_letters_written=6, dead_letters_by_reason=by_reason))
+    registry = build_registry(board)
+    for key, count in by_reason.items():
+        sink, reason = key.split("/")
+        assert sample(registry, "fxgate_dead_letters_total", sink=sink, reason=reason) == count
+    assert sample(registry, "fxgate_landed_dead_letters_total") == 6

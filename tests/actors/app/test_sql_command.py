@@ -1,6 +1,7 @@
-"""`fxgate sql` end to end on a table landed by the real writer: the README's three queries (read
-from the README itself, so what it shows is what runs), as text and as `--json`, and the
-failures with their exit statuses.
+"""`fxgate sql` end to end on a table landed by the real writer: the queries of the useful-queries
+page (docs/pages/tables/queries.md, read from the page itself, so what it shows is what runs),
+three of them checked row by row, as text and as `--json`, and the failures with their exit
+statuses.
 
 Most runs are in process, the command's session swapped for the suite's (a JVM per run would cost
 5-8 s each); one success and one failure run the command as its own process with its own JVM,
@@ -33,7 +34,7 @@ from tests.spark.test_zebra_reader_modes import NEW_COLUMNS
 
 pytestmark = pytest.mark.spark
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+QUERIES_PAGE = Path(__file__).resolve().parents[3] / "docs" / "pages" / "tables" / "queries.md"
 NOW = datetime.now(UTC)
 # Minute boundaries well inside the last hour, whenever the module runs.
 BASE = (NOW - timedelta(minutes=40)).replace(second=0, microsecond=0)
@@ -41,12 +42,31 @@ OLD = BASE - timedelta(hours=3)
 APP_ID = application_id("sql-test")
 
 
-def readme_queries() -> list[str]:
-    """The queries of the README's `fxgate sql` section, in order."""
-    text = README.read_text()
-    section = text[text.index("## Query it: `fxgate sql`") :]
-    section = section[: section.index("\n## ", 1)]
-    return [q.strip() for q in re.findall(r'fxgate sql --config FILE "\n(.*?)\n"', section, re.S)]
+def page_queries() -> dict[str, list[str]]:
+    """The Spark SQL blocks of the queries page (those marked `engines: spark`), by the heading
+    they are under."""
+    found: dict[str, list[str]] = {}
+    heading = ""
+    for match in re.finditer(
+        r"^### (?P<heading>[^\n]+)$|<!-- engines: (?P<engines>[^>]*) -->\n```sql\n(?P<sql>.*?)```",
+        QUERIES_PAGE.read_text(),
+        re.MULTILINE | re.DOTALL,
+    ):
+        if match.group("heading"):
+            heading = match.group("heading").strip()
+        elif "spark" in match.group("engines"):
+            found.setdefault(heading, []).append(match.group("sql").strip())
+    return found
+
+
+def shown_queries() -> list[str]:
+    """The three queries the tests below check row by row, as the page shows them."""
+    queries = page_queries()
+    return [
+        queries["Reads per reader and antenna per minute"][0],
+        queries["Tags seen in the last hour, first and last sighting"][0],
+        queries["Dead letters by reason"][0],
+    ]
 
 
 def stamp(when: datetime) -> str:
@@ -147,19 +167,29 @@ def json_rows(output: str) -> list[dict]:
     return [json.loads(line) for line in output.splitlines()]
 
 
-def test_the_readme_shows_three_queries():
-    assert len(readme_queries()) == 3
+def test_the_page_shows_the_three_queries_and_more():
+    assert len(shown_queries()) == 3
+    assert sum(len(blocks) for blocks in page_queries().values()) >= 10
+
+
+def test_every_spark_query_of_the_page_runs(in_process, config_file, data_dir):
+    for heading, blocks in page_queries().items():
+        for query in blocks:
+            # A query of the Delta log names the tables directory of the page's example.
+            query = query.replace("/var/lib/fxgate/tables", str(data_dir / "tables"))
+            result = in_process("--config", str(config_file), query)
+            assert result.exit_code == 0, f"{heading}:\n{query}\n{result.output}"
 
 
 def test_reads_per_reader_and_antenna_per_minute_as_json(in_process, config_file):
-    per_minute = readme_queries()[0]
+    per_minute = shown_queries()[0]
     result = in_process("--config", str(config_file), "--json", per_minute)
     assert result.exit_code == 0, result.output
     assert json_rows(result.stdout) == [{**row, "minute": utc(row["minute"])} for row in PER_MINUTE]
 
 
 def test_tags_seen_in_the_last_hour_with_first_and_last_seen_as_json(in_process, config_file):
-    last_hour = readme_queries()[1]
+    last_hour = shown_queries()[1]
     result = in_process("--config", str(config_file), "--json", last_hour)
     assert result.exit_code == 0, result.output
     assert json_rows(result.stdout) == [
@@ -175,7 +205,7 @@ def test_tags_seen_in_the_last_hour_with_first_and_last_seen_as_json(in_process,
 
 
 def test_dead_letters_by_reason_as_json(in_process, config_file):
-    by_reason = readme_queries()[2]
+    by_reason = shown_queries()[2]
     result = in_process("--config", str(config_file), "--json", by_reason)
     assert result.exit_code == 0, result.output
     rows = json_rows(result.stdout)
@@ -184,13 +214,13 @@ def test_dead_letters_by_reason_as_json(in_process, config_file):
     assert all(r["first_received"].endswith("Z") for r in rows)
 
 
-def test_each_readme_query_prints_a_readable_table_with_its_row_count(in_process, config_file):
+def test_each_shown_query_prints_a_readable_table_with_its_row_count(in_process, config_file):
     expected = [
         (["reader_id", "antenna", "minute", "events", "reads"], len(PER_MINUTE)),
         (["epc", "events", "first_seen", "last_seen", "readers"], len(LAST_HOUR)),
         (["reason", "sink", "letters", "first_received", "last_received"], len(BY_REASON)),
     ]
-    for query, (columns, count) in zip(readme_queries(), expected, strict=True):
+    for query, (columns, count) in zip(shown_queries(), expected, strict=True):
         result = in_process("--config", str(config_file), query)
         assert result.exit_code == 0, result.output
         header, rule, *rows, footer = result.stdout.splitlines()
@@ -198,7 +228,7 @@ def test_each_readme_query_prints_a_readable_table_with_its_row_count(in_process
         assert set(rule.replace(" ", "")) == {"-"}
         assert len(rows) == count and footer == f"({count} rows)"
     # The first row of the per-minute table: its minute in UTC, numbers right-aligned.
-    result = in_process("--config", str(config_file), readme_queries()[0])
+    result = in_process("--config", str(config_file), shown_queries()[0])
     first = result.stdout.splitlines()[2]
     assert first.split() == [
         "fx9600-02",
@@ -464,7 +494,7 @@ def fxgate(*args: str) -> subprocess.CompletedProcess:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(README.parent)},
+        env={**os.environ, "PYTHONPATH": str(QUERIES_PAGE.parents[3])},
     )
     try:
         out, err = proc.communicate(timeout=180)
@@ -476,7 +506,7 @@ def fxgate(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_the_command_as_its_own_process_prints_the_per_minute_table(config_file):
-    result = fxgate("sql", "--config", str(config_file), readme_queries()[0])
+    result = fxgate("sql", "--config", str(config_file), shown_queries()[0])
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].split() == ["reader_id", "antenna", "minute", "events", "reads"]

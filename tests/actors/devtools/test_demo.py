@@ -11,17 +11,30 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 pytestmark = [pytest.mark.broker, pytest.mark.spark]
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def readme_query() -> str:
+    """The README's query of what the demo landed: the shell block after "Query what it landed"."""
+    text = (REPO / "README.md").read_text()
+    after = text[text.index("Query what it landed") :]
+    return re.search(r"```sh\n(.*?)```", after, re.DOTALL).group(1)
 
 
 @pytest.mark.timeout(600)
 def test_the_demo_lands_every_read_once_and_shows_both_readers_heartbeats_reconciled_to_zero(
     tmp_path,
 ):
-    argv = [sys.executable, "-m", "actors.app.cli", "demo", "--workdir", str(tmp_path / "demo")]
+    # The demo's own folder, `.demo`, in a checkout-like folder: the README's query runs there
+    # as written, `.venv/bin/fxgate` included.
+    (tmp_path / ".venv").symlink_to(Path(sys.executable).parents[1])
+    argv = [sys.executable, "-m", "actors.app.cli", "demo", "--workdir", str(tmp_path / ".demo")]
     argv += ["--count", "30", "--rate", "0", "--heartbeat-every", "10", "--gpi-every", "7"]
     demo = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
@@ -44,3 +57,15 @@ def test_the_demo_lands_every_read_once_and_shows_both_readers_heartbeats_reconc
     assert "SILENT:" not in out
     assert "0 unaccounted" in out
     assert "EXACT: every published read landed once" in out
+
+    query = subprocess.run(
+        ["sh", "-c", readme_query()],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert query.returncode == 0, query.stdout + query.stderr
+    rows = [line for line in query.stdout.splitlines() if "fx9600-0" in line]
+    assert len(rows) == 2 and all(re.search(r"\b60\b", row) for row in rows), query.stdout
