@@ -2,7 +2,8 @@
 
 `FXGATE_CRASH_AT=name` (or `name:n`, the n-th time the point is reached) arms one point for the
 life of the process. Unarmed, a crash point is one comparison. Each point sits in a window where a
-crash could lose or double a read if the design were wrong, so each is a test (tests/faults/).
+crash could lose or double a read if the design were wrong, so each is a test
+(tests/actors/test_crashpoints.py).
 """
 
 from __future__ import annotations

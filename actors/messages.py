@@ -265,8 +265,9 @@ class BatchWritten:
     reader_events: int = 0  # management events landed in the `reader_events` table
     # The health states of the readers this batch had messages of, after it.
     reader_health: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
-    # Its dead letters by (sink, reason): what /metrics counts per reason.
-    dead_letter_reasons: Mapping[tuple[str, str], int] = field(default_factory=dict)
+    # Its dead letters as (sink, reason, count): what /metrics counts per reason (plain tuples,
+    # so the status snapshot that carries the last batch stays JSON).
+    dead_letter_reasons: tuple[tuple[str, str, int], ...] = ()
 
 
 # -- connections -> the life-cycle actor -------------------------------------------------------

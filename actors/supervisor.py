@@ -411,7 +411,7 @@ class Supervisor(WriterListener):
             self.batches_written += 1
             self.rows_written += batch.rows
             self.dead_letters_written += batch.dead_letters
-            for (sink, reason), count in batch.dead_letter_reasons.items():
+            for sink, reason, count in batch.dead_letter_reasons:
                 key = f"{sink}/{reason}"
                 self.dead_letters_by_reason[key] = self.dead_letters_by_reason.get(key, 0) + count
             self.events_written += batch.events

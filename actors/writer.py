@@ -761,7 +761,10 @@ class SparkWriterActor(pykka.ThreadingActor):
             tuple(readers.values()),
             written.get(READER_EVENTS, 0),
             health,
-            dead_letter_reasons(tables.dead_letters),
+            tuple(
+                (sink, reason, count)
+                for (sink, reason), count in dead_letter_reasons(tables.dead_letters).items()
+            ),
         )
         self.last_batch = result
         log.info(

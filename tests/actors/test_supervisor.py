@@ -1,5 +1,7 @@
 """The whole path in one process: real mosquitto -> actors -> ledger -> Spark table."""
 
+import json
+
 import pykka
 import pytest
 
@@ -100,6 +102,12 @@ def test_a_malformed_payload_goes_to_dead_letters_and_the_next_good_read_still_l
         ("fx9600-07", "e2801160600002054cc2096f", 1)
     ]
     assert gateway.ref("source").is_alive()
+    # Counted by sink and reason for /metrics, and the status snapshot (written as JSON by the
+    # daemon every second) still serialises with the last batch in it.
+    assert gateway.dead_letters_by_reason == {"table/invalid_json": 1}
+    assert json.loads(json.dumps(gateway.status()))["last_batch"]["dead_letter_reasons"] == [
+        ["table", "invalid_json", 1]
+    ]
 
 
 def zebra_event(event_num: int, epc: str) -> dict:
