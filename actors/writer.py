@@ -325,14 +325,12 @@ class SparkWriterActor(pykka.ThreadingActor):
         from actors.app.progress import ProgressReporter
         from spark.convert import convert_tables, legacy_tables
 
+        if not legacy_tables(tables):
+            return  # the usual start: nothing of the previous layout (directory listings only)
         open_batches = self._ledger.open_batches().get(timeout=LEDGER_ASK_TIMEOUT)
-        # A large conversion takes minutes before the first write: its progress goes to the log
-        # (a line every 30 s), and only when there is something to convert.
-        progress = (
-            ProgressReporter.to_log(log, clock=self._clock.monotonic)
-            if legacy_tables(tables)
-            else ProgressReporter(enabled=False)
-        )
+        # A large conversion takes minutes before the first write: its progress goes to the log,
+        # a line every 30 s.
+        progress = ProgressReporter.to_log(log, clock=self._clock.monotonic)
         with progress.start("converting the previous layout", unit="partitions", counts=("rows",)):
             result = convert_tables(
                 tables,

@@ -51,7 +51,7 @@ class DeadLetter:
         return repr(text + more)
 
 
-# Rows read from the table between two advances of the progress.
+# Rows turned into records between two advances of the progress.
 _READ_BATCH_ROWS = 10_000
 
 
@@ -60,20 +60,15 @@ def load_dead_letters(
 ) -> list[DeadLetter]:
     """Every dead letter (of one reason, if given), newest first, from one snapshot of the
     Delta table (no lock: the daemon may be writing). `batch_id` is the batch it landed in.
-    `progress` counts the dead letters read, of the table's total (from its log's statistics).
-    Raises TablesNotReadable when the tables are not on this machine's disk."""
-    from spark.tables import DEAD_LETTERS, count_rows, is_delta_table, table_path
+    `progress` counts the dead letters turned into records, of the table's rows. Raises
+    TablesNotReadable when the tables are not on this machine's disk."""
+    from spark.schema import DEAD_LETTERS_SCHEMA
+    from spark.tables import DEAD_LETTERS, read_table_arrow
 
-    progress.expect(count_rows(tables_dir, DEAD_LETTERS))
-    path = table_path(tables_dir, DEAD_LETTERS)
-    if not is_delta_table(path):
-        return []
-    from deltalake import DeltaTable
-
-    # One snapshot, read in record batches; a column added since an older row was written
-    # reads as None (row.get), as in the table's current schema.
+    table = read_table_arrow(tables_dir, DEAD_LETTERS, DEAD_LETTERS_SCHEMA)
+    progress.expect(table.num_rows)
     letters = []
-    for batch in DeltaTable(path).to_pyarrow_dataset().to_batches(batch_size=_READ_BATCH_ROWS):
+    for batch in table.to_batches(max_chunksize=_READ_BATCH_ROWS):
         letters.extend(
             DeadLetter(
                 row["message_key"],

@@ -12,7 +12,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -122,22 +121,20 @@ def wait_until_drained(
     message at once, in the same step; landing takes a pack linger and a batch after the ack,
     so once every sent read has landed, the broker's queue for the gateway is empty.
     """
-    deadline = time.monotonic() + timeout
-    while True:
-        mark = daemon.mark()
-        sent, acked = broker_counts(broker)
-        rows, pending, open_batches = settled(data)
-        if sent_at_least <= sent == acked == rows and pending == open_batches == 0:
-            return rows
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, (
-            f"not drained after {timeout} s: sent {sent}, acked {acked}, rows {rows}, "
-            f"pending {pending}, open batches {open_batches}"
+    seen: dict[str, int] = {}
+
+    def drained() -> bool:
+        seen["sent"], seen["acked"] = broker_counts(broker)
+        seen["rows"], seen["pending"], seen["open batches"] = settled(data)
+        return (
+            sent_at_least <= seen["sent"] == seen["acked"] == seen["rows"]
+            and seen["pending"] == seen["open batches"] == 0
         )
-        try:
-            daemon.wait_for_log(r"batch \d+ written", timeout=min(remaining, 5.0), after=mark)
-        except AssertionError:
-            continue  # a wait without a batch: the checks above decide
+
+    daemon.wait_for_batches(
+        drained, lambda: "not drained: " + ", ".join(f"{k} {v}" for k, v in seen.items()), timeout
+    )
+    return seen["rows"]
 
 
 def publish_events(broker, generators, per_reader: int, client_id: str) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import random
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,19 +165,11 @@ def accounted(reads: list[dict], dead: list[dict]) -> int:
 
 def wait_until_accounted(daemon, tables: Path, count: int, timeout: float) -> None:
     """Wait, on the daemon's 'batch written' lines, until `count` messages are in the tables."""
-    deadline = time.monotonic() + timeout
-    while True:
-        mark = daemon.mark()
-        done = accounted(*landed(tables))
-        if done >= count:
-            return
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"{done} of {count} messages landed after {timeout} s")
-        try:
-            daemon.wait_for_log(r"batch \d+ written", timeout=remaining, after=mark)
-        except AssertionError:
-            continue  # the check above reports it with the count
+    daemon.wait_for_batches(
+        lambda: accounted(*landed(tables)) >= count,
+        lambda: f"{accounted(*landed(tables))} of {count} messages landed",
+        timeout,
+    )
 
 
 def test_the_generated_messages_cover_every_outcome_once_per_key():

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -51,17 +50,7 @@ def readers_now(env: dict[str, str]) -> dict:
 
 def wait_for_batches(daemon, condition, what: str, timeout: float = 120.0):
     """Wait, on the daemon's 'batch N written' lines, until `condition()` holds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        mark = daemon.mark()
-        if condition():
-            return
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"{what}: not after {timeout} s; log:\n{daemon.output()[-4000:]}"
-        try:
-            daemon.wait_for_log(r"batch \d+ written", timeout=min(remaining, 5.0), after=mark)
-        except AssertionError:
-            continue
+    daemon.wait_for_batches(condition, lambda: f"{what}: not", timeout)
 
 
 @contextmanager

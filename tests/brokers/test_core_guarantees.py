@@ -447,18 +447,9 @@ def publish_acknowledged(broker, messages, client_id: str, timeout: float = 60.0
 def wait_for_rows(daemon, data: Path, rows: int, timeout: float = 60.0) -> None:
     """Wait, on the daemon's 'batch written' lines, until the reads table holds `rows` rows or
     more."""
-    deadline = time.monotonic() + timeout
-    while True:
-        mark = daemon.mark()
-        held = settled(data)[0]
-        if held >= rows:
-            return
-        remaining = deadline - time.monotonic()
-        assert remaining > 0, f"{held} rows, not {rows}, after {timeout} s"
-        try:
-            daemon.wait_for_log(r"batch \d+ written", timeout=min(remaining, 5.0), after=mark)
-        except AssertionError:
-            continue  # the deadline check above reports it
+    daemon.wait_for_batches(
+        lambda: settled(data)[0] >= rows, lambda: f"{settled(data)[0]} rows, not {rows},", timeout
+    )
 
 
 def landed_numbers(tables: Path) -> dict[str, set[int]]:

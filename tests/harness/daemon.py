@@ -11,7 +11,8 @@ import os
 import re
 import signal
 import sys
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 import psutil
@@ -53,6 +54,23 @@ class DaemonProcess(WatchedProcess):
                 f"(exit status {self.exit_status()}); log:\n{self.output()}"
             )
         return found
+
+    def wait_for_batches(
+        self, condition: Callable[[], bool], what: Callable[[], str], timeout: float = 120.0
+    ) -> None:
+        """Wait until `condition()` holds, checking it again at each 'batch N written' line (or
+        every 5 s); past `timeout` fail with `what()`, said then, and the log's tail."""
+        deadline = time.monotonic() + timeout
+        while True:
+            mark = self.mark()
+            if condition():
+                return
+            remaining = deadline - time.monotonic()
+            assert remaining > 0, f"{what()} after {timeout} s; log:\n{self.output()[-4000:]}"
+            try:
+                self.wait_for_log(r"batch \d+ written", timeout=min(remaining, 5.0), after=mark)
+            except AssertionError:
+                continue  # no batch meanwhile: the condition is checked again above
 
     def remember_children(self) -> set[int]:
         """Record the PIDs the daemon spawned (the Spark JVM), so they can be checked and reaped."""
