@@ -255,15 +255,14 @@ def test_two_gateways_of_a_shared_group_land_and_forward_each_read_once_through_
     # Each gateway alone lands a read at most once (its ledger de-duplicates what it is sent).
     for ids in shares:
         assert len(ids) == len(set(ids))
-    found = compare(expected, union_of_arrow(gateways))
+    union = union_of_arrow(gateways)
+    found = compare(expected, union)
     assert not found.missing and not found.unexpected, found.lines()
     known: list[str] = []  # a broker's measured failing, each checked for its shape first
     if kind == "hivemq" and found.duplicates:
         # At most what was in flight to the killed member: its Receive Maximum (packs of 50).
+        # Upstream, each member forwards what it landed (checked below).
         assert len(found.duplicates) <= RECEIVE_MAXIMUM, found.lines()
-        # Upstream: every read at least once; twice only a read both members landed.
-        twice = {read_id(key, 0) for key, n in upstream.items() if n > 1}
-        assert set(upstream) == set(wanted) and twice <= set(found.duplicates)
         known.append(f"{HIVEMQ_SHARED} ({len(found.duplicates)} this run)")
     else:
         assert found.exact, found.lines()
@@ -294,12 +293,16 @@ def test_two_gateways_of_a_shared_group_land_and_forward_each_read_once_through_
         "missing": len(set(wanted) - set(upstream)),
         "unexpected": len(set(upstream) - set(wanted)),
     }
-    twice = {read_id(key, 0) for key, n in upstream.items() if n > 1}
-    if kind == "hivemq":
-        twice -= set(found.duplicates)  # landed by both members: forwarded by both
+    # Each landing is forwarded once: with HiveMQ a read both members landed goes up from both.
+    landings = Counter(union)
+    twice = {key for key, n in upstream.items() if n > landings[read_id(key, 0)]}
     if kind in ("hivemq", "mochi") and twice:
-        # Twice, never more: one delivery again of each exchange cut by the restart.
-        assert max(upstream.values()) == 2, max(upstream.values())
+        # One delivery again, never more, of each exchange cut by the restart; the two HiveMQ
+        # failings may meet in one run (measured: CI at 7f6d3c7), so a read both members landed
+        # may arrive up to four times.
+        assert all(upstream[key] <= 2 * landings[read_id(key, 0)] for key in twice), {
+            key: upstream[key] for key in twice
+        }
         known.append(f"{RESTART_QOS2[kind]} ({len(twice)} this run)")
     else:
         assert not twice, f"{len(twice)} reads twice upstream"
