@@ -248,8 +248,10 @@ class InboundLedger(pykka.ThreadingActor):
         if self._forward_topic is None:
             cleared = store.stop_forwarding()
             if cleared:
-                log.info(
-                    "forwarding is off: %d stored message(s) no longer wait for the upstream",
+                # Owed work given up: a warning, never silent (the messages stay in the tables).
+                log.warning(
+                    "forwarding is off: %d stored message(s) no longer wait for the upstream "
+                    "and will not be forwarded, even once forwarding is on again",
                     cleared,
                 )
         else:

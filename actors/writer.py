@@ -278,7 +278,13 @@ class SparkWriterActor(pykka.ThreadingActor):
         if self._use_parse_worker:
             # Before the Spark session: the child imports pyarrow while the JVM starts.
             self._start_parse_worker()
-        from spark.tables import ArrowTableWriter, TableWriter, application_id
+        from spark.tables import (
+            ArrowTableWriter,
+            TableWriter,
+            application_id,
+            redate_by_receipt,
+            spark_redate_by_receipt,
+        )
 
         local_tables = self._local_tables = local_path(self._tables_dir)
         if self._app_id is None:
@@ -296,6 +302,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         if local_tables is not None and self._compaction is not None:
             self._take_writer_lock(local_tables)
             self._convert_legacy_tables(local_tables)
+            self._redate_tables(functools.partial(redate_by_receipt, local_tables))
         if self._session_per_pass:
             self._tables = self._new_table_writer(None)
             log.info(
@@ -305,6 +312,10 @@ class SparkWriterActor(pykka.ThreadingActor):
             )
         else:
             self._session = self._session_factory()
+            if local_tables is None:
+                self._redate_tables(
+                    functools.partial(spark_redate_by_receipt, self._session, self._tables_dir)
+                )
             self._tables = self._new_table_writer(self._session)
             log.info(
                 "spark writer ready: Delta tables in %s, application id %s",
@@ -341,6 +352,20 @@ class SparkWriterActor(pykka.ThreadingActor):
             )
         if result.done:
             log.info("tables converted to Delta: %s", result.summary())
+
+    def _redate_tables(self, redate: Callable[[], object]) -> None:
+        """Tables an earlier fxgate partitioned by the reader's day move to the receive date,
+        once (spark.tables.redate_by_receipt), before any write. Not fatal: what lands from now
+        on has the receive date either way, and the next start tries again."""
+        try:
+            redate()  # logs each table it moves and marks
+        except Exception as error:
+            log.warning(
+                "could not move the rows of an earlier fxgate to their receive date (%s: %s); "
+                "they keep the reader's day until a start that can",
+                type(error).__name__,
+                error,
+            )
 
     def _take_writer_lock(self, tables: Path) -> None:
         from spark.writer_lock import WriterBusy, WriterLock

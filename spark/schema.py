@@ -66,7 +66,8 @@ READS_SCHEMA = pa.schema(
         pa.field("qos", pa.int8()),
         pa.field("pack_id", pa.int64()),
         pa.field("batch_id", pa.int64()),
-        # 'YYYY-MM-DD' of event_time in UTC: the partition column.
+        # 'YYYY-MM-DD' of received_time in UTC: the partition column (DESIGN §7.7, the receive
+        # date: a day is complete once the clock has passed it; event_time says when it was read).
         pa.field("date", pa.string()),
         # The inbound ledger's seq of the message: arrival order at this gateway (added with the
         # two-sink ledger; null in partitions written before it).
@@ -141,7 +142,7 @@ EVENTS_SCHEMA = pa.schema(
         pa.field("received_time", UTC_MICROS),
         pa.field("pack_id", pa.int64()),
         pa.field("batch_id", pa.int64()),
-        # 'YYYY-MM-DD' of the event's time in UTC.
+        # 'YYYY-MM-DD' of received_time in UTC (the receive date, as in every table).
         pa.field("date", pa.string()),
     ]
 )
@@ -432,6 +433,7 @@ def build_batch(
         seq.extend([record.seq] * n)
 
     event_times = pa.array(event_time, type=UTC_MICROS)
+    received_times = pa.array(received, type=UTC_MICROS)
     lenient_columns = (
         list(zip(*lenient_rows, strict=True)) if lenient_rows else [()] * len(_LENIENT_COLUMNS)
     )
@@ -447,11 +449,11 @@ def build_batch(
             pa.array(phase, type=pa.float64()),
             pa.array(event_num, type=pa.int64()),
             event_times,
-            pa.array(received, type=UTC_MICROS),
+            received_times,
             pa.array(qos, type=pa.int8()),
             pa.array(pack_id, type=pa.int64()),
             pa.array([batch_id] * len(message_id), type=pa.int64()),
-            _utc_dates(event_times),
+            _utc_dates(received_times),
             pa.array(seq, type=pa.int64()),
             *(
                 pa.array(values, type=kind)
@@ -571,6 +573,7 @@ def _storable(text: str, limit: int | None = None) -> str:
 
 def _events_table(events: list[tuple[object, dict, int]], batch_id: int) -> pa.Table:
     times = pa.array([e["time"] for _, e, _ in events], type=UTC_MICROS)
+    received = pa.array([received for _, _, received in events], type=UTC_MICROS)
     data = [e["data"] for _, e, _ in events]
     return pa.table(
         [
@@ -584,10 +587,10 @@ def _events_table(events: list[tuple[object, dict, int]], batch_id: int) -> pa.T
             pa.array([d.get("sequenceNumber") for d in data], type=pa.int64()),
             pa.array([d.get("disconnectionReason") for d in data], type=pa.string()),
             pa.array([e[_DATA_JSON] for _, e, _ in events], type=pa.string()),
-            pa.array([received for _, _, received in events], type=UTC_MICROS),
+            received,
             pa.array([r.pack_id for r, _, _ in events], type=pa.int64()),
             pa.array([batch_id] * len(events), type=pa.int64()),
-            _utc_dates(times),
+            _utc_dates(received),
         ],
         schema=EVENTS_SCHEMA,
     )

@@ -61,6 +61,18 @@ TABLES = (READS, EVENTS, DEAD_LETTERS, READER_EVENTS)
 DATE = "date"
 BATCH_ID = "batch_id"
 PARTITION_COLUMNS = (DATE,)
+# The table property that says a table's `date` is the receive date in every row (DESIGN §7.7).
+# fxgate set `date` of `reads` and `events` from the event's own timestamp before; a table
+# without the property has those rows redated once (`redate_by_receipt`) before any append.
+DATE_OF = "fxgate.date"
+RECEIVE_DATE = "received_time"
+# The UTC day of received_time, in delta-rs's SQL (DataFusion) and in Spark's (whose session runs
+# in UTC: spark/session.py).
+_RECEIVE_DAY = "cast(cast(received_time as date) as varchar)"
+_RECEIVE_DAY_SPARK = "date_format(received_time, 'yyyy-MM-dd')"
+# The tables whose `date` an earlier fxgate took from the event's time (the others always had
+# the receive date, and are only marked).
+_EVENT_DATED = (READS, EVENTS)
 # Timestamps as every Delta reader takes them: Delta `timestamp` is UTC microseconds.
 UTC_MICROS = pa.timestamp("us", tz="UTC")
 # Crash points (the actors arm them by name): a table's files written and synced, not yet
@@ -306,7 +318,8 @@ class ArrowTableWriter:
                 schema=schema,
                 partition_by=list(PARTITION_COLUMNS),
                 mode="ignore",  # another writer made it first: append to theirs
-                configuration=self._properties,
+                configuration={**self._properties, DATE_OF: RECEIVE_DATE},
+                raise_if_key_not_exists=False,  # DATE_OF is ours, not one Delta defines
             )
             logger.info("Delta table created: %s", path)
         self._open[path] = table
@@ -485,6 +498,75 @@ def spark_last_version(session, path: str, app_id: str) -> int | None:
         return None
     found = snapshot.transactions().get(app_id)
     return None if found.isEmpty() else int(found.get())
+
+
+def redate_by_receipt(tables_dir: Path, tables=TABLES) -> dict[str, int]:
+    """Bring every table on this disk to the receive date (DESIGN §7.7), once per table: rows
+    whose `date` is not the UTC day of their `received_time` (a read landed by an fxgate that
+    took the day from the reader's clock) move to it, in one Delta commit per table that
+    rewrites only the files holding such rows; then the table is marked (`DATE_OF`) and never
+    scanned for it again. Readers see the table before or after the commit, each row once;
+    transaction identifiers are kept, so a batch landed before is still skipped. Killed in
+    between, the next start does it again and finds what is left. Returns the rows moved per
+    table it had to look at (an empty dict: every table was marked already)."""
+    from deltalake import DeltaTable
+
+    moved: dict[str, int] = {}
+    for name in tables:
+        path = table_path(str(tables_dir), name)
+        if not is_delta_table(path):
+            continue
+        table = DeltaTable(path)
+        if table.metadata().configuration.get(DATE_OF) == RECEIVE_DATE:
+            continue
+        rows = 0
+        if name in _EVENT_DATED:
+            metrics = table.update(
+                updates={DATE: _RECEIVE_DAY}, predicate=f"{DATE} <> {_RECEIVE_DAY}"
+            )
+            rows = int(metrics.get("num_updated_rows", 0))
+        table.alter.set_table_properties({DATE_OF: RECEIVE_DATE}, raise_if_not_exists=False)
+        moved[name] = rows
+        _log_redated(path, rows)
+    return moved
+
+
+def spark_redate_by_receipt(session, tables_dir: Location, tables=TABLES) -> dict[str, int]:
+    """`redate_by_receipt` through delta-spark, for tables only Spark reaches. delta-spark takes
+    only `delta.` properties from a write, so the tables it creates are marked here at the next
+    start, after one scan that finds nothing to move."""
+    base = spark_uri(tables_dir)
+    jvm = session.sparkContext._jvm
+    moved: dict[str, int] = {}
+    for name in tables:
+        path = table_path(base, name)
+        if not jvm.io.delta.tables.DeltaTable.isDeltaTable(session._jsparkSession, path):
+            continue
+        detail = session.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+        if (detail["properties"] or {}).get(DATE_OF) == RECEIVE_DATE:
+            continue
+        rows = 0
+        if name in _EVENT_DATED:
+            result = session.sql(
+                f"UPDATE delta.`{path}` SET {DATE} = {_RECEIVE_DAY_SPARK} "
+                f"WHERE {DATE} <> {_RECEIVE_DAY_SPARK}"
+            ).first()
+            rows = int(result[0]) if result is not None else 0
+        session.sql(
+            f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('{DATE_OF}' = '{RECEIVE_DATE}')"
+        )
+        moved[name] = rows
+        _log_redated(path, rows)
+    return moved
+
+
+def _log_redated(path: str, rows: int) -> None:
+    logger.info(
+        "Delta table %s: partitioned by receive date; %d row(s) moved from the day the reader "
+        "stamped to the day they were received",
+        path,
+        rows,
+    )
 
 
 def read_table(session, tables_dir: Location, name: str, schema: pa.Schema | None = None):

@@ -221,9 +221,13 @@ def _simulate(host, port, readers, rate, count, qos, batch, seed, manifest, **ma
 def status(config_path: Path | None, as_json: bool) -> None:
     """Connection state, ledger depth and rows in the table, read from the data directory."""
     from actors.app.status import collect_status, format_status
+    from persistence.database import SchemaTooNew, SchemaTooOld
 
     config = _load(config_path)
-    report = collect_status(config)
+    try:
+        report = collect_status(config)
+    except (SchemaTooOld, SchemaTooNew) as error:
+        raise click.ClickException(str(error)) from None
     if as_json:
         click.echo(json.dumps(report, indent=2, sort_keys=True))
     else:

@@ -1,3 +1,4 @@
+import logging
 import sqlite3
 import threading
 
@@ -603,3 +604,25 @@ def test_settle_hands_each_sink_all_it_owes_at_once_within_its_credit(
     ledger.tell(Grant(TABLE, 5, 10**9))
     assert ledger.proxy().settle().get(timeout=5) == {TABLE: 6, UPSTREAM: None}
     assert [r.payload for r in listener.records] == [b"m%d" % pid for pid in range(1, 6)]
+
+
+def test_a_start_with_forwarding_off_warns_of_the_stored_messages_it_stops_owing_upstream(
+    start_ledger, db_path, caplog
+):
+    ledger = forwarding_ledger(start_ledger)
+    acks = RecordingAcks(db_path)
+    for pid in (1, 2):
+        ledger.tell(Inbound(publish(pid, b"m%d" % pid), acks))
+    acks.wait_for(2)
+    ledger.stop()
+    with caplog.at_level(logging.WARNING, logger="actors.ledger"):
+        restarted = start_ledger()  # no forward_topic: `[upstream] enabled = false`
+        lag = restarted.proxy().stats().get(timeout=5)["lag"]
+    assert lag["table"]["messages"] == 2  # still owed to the table
+    with sqlite3.connect(db_path) as conn:
+        owed = conn.execute("SELECT count(*) FROM inbound WHERE forward IS NOT NULL").fetchone()
+    assert owed == (0,)
+    assert [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING] == [
+        "forwarding is off: 2 stored message(s) no longer wait for the upstream and will not "
+        "be forwarded, even once forwarding is on again"
+    ]

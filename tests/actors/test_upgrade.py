@@ -1,17 +1,20 @@
 """An upgrade keeps what is waiting (DESIGN §7.11): a gateway started on the data directory an older
 fxgate left — ledger of schema version 1, outbound file without a recorded version, tables in the
-`date=/batch_id=` Parquet layout before Delta — delivers each message once, whatever state it was
-in, and its tables become Delta tables holding every row once."""
+`date=/batch_id=` Parquet layout before Delta, dated by the reader's clock — delivers each message
+once, whatever state it was in, and its tables become Delta tables holding every row once, each
+in its receive date (DESIGN §7.7)."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from collections import Counter
+from datetime import UTC
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from deltalake import DeltaTable
 
 from actors.clock import RealClock
 from actors.config.schema import load_config
@@ -23,6 +26,7 @@ from persistence.outbound_store import SCHEMA as OUTBOUND_SCHEMA
 from persistence.records import LedgerRecord
 from spark.report import compare, landed_ids_arrow, landed_ids_spark
 from spark.schema import build_batch
+from spark.tables import DATE_OF, READS, RECEIVE_DATE, read_table_arrow
 from tests.actors.test_outbound import PUBLISH_LINE, forwarding_environ
 from tests.harness.checks import wait_until
 from tests.harness.mqtt import Collector
@@ -94,7 +98,9 @@ def legacy_partition(tables: Path, batch_id: int, messages: list[int], received:
         LedgerRecord(n, key(n), TOPIC, payload(n), 1, received, pack_id=batch_id) for n in messages
     ]
     reads = build_batch(records, batch_id).reads
-    date = reads.column("date")[0].as_py()
+    # That fxgate took the date from the reader's timestamp, a day other than the receive date.
+    date = reads.column("event_time")[0].as_py().strftime("%Y-%m-%d")
+    assert date != reads.column("date")[0].as_py()
     directory = tables / "reads" / f"date={date}" / f"batch_id={batch_id}"
     directory.mkdir(parents=True)
     pq.write_table(reads.drop_columns(["date", "batch_id"]), directory / "part-00000.parquet")
@@ -134,6 +140,11 @@ def test_a_data_dir_of_the_previous_schema_delivers_every_waiting_message_once(
     assert result.exact, result
     assert compare(expected, landed_ids_arrow(tables)[0]).exact
     assert not list((tables / "reads").glob("date=*/batch_id=*"))  # the old layout is gone
+    rows = read_table_arrow(tables, READS).to_pylist()
+    assert [row["date"] for row in rows] == [
+        row["received_time"].astimezone(UTC).strftime("%Y-%m-%d") for row in rows
+    ]
+    assert DeltaTable(str(tables / READS)).metadata().configuration[DATE_OF] == RECEIVE_DATE
     keys = Counter(props[IDEMPOTENCY_PROPERTY] for _, _, props in messages)
     assert keys == Counter(key(n) for n in (4, 5, 6))
     assert cloud.messages == messages

@@ -266,8 +266,8 @@ def test_a_pass_is_put_off_while_a_batch_waits_for_its_retry_and_runs_once_it_la
 
         clock.advance(41.0)  # the retry: batch 1 lands
         assert proxy.health().get(timeout=60).failures == 0
-        # Its reads' date (their event time) is the day after the earlier batches'.
-        assert live_files(tables) == {f"date={DAYS[0]}": 4, f"date={DAYS[1]}": 1}
+        # Its reads' date is the day the ledger received them: the clock's (NOW).
+        assert live_files(tables) == {f"date={DAYS[0]}": 4, f"date={TODAY}": 1}
 
         writer.tell(CompactNow())  # the supervisor tells it again while the request waits
         proxy.health().get(timeout=60)
@@ -275,7 +275,7 @@ def test_a_pass_is_put_off_while_a_batch_waits_for_its_retry_and_runs_once_it_la
         assert (ran.passes, ran.last_outcome, ran.files_compacted) == (1, "compacted", 4)
         assert ran.last_reason == "requested by fxgate compact"
         assert pending_compaction_requests(tmp_path) == []
-        assert live_files(tables) == {f"date={DAYS[0]}": 1, f"date={DAYS[1]}": 1}
+        assert live_files(tables) == {f"date={DAYS[0]}": 1, f"date={TODAY}": 1}
         ids, _ = landed_ids_arrow(tables)
         expected.update(f"{r.message_key}:0" for r in pack.records)
         assert Counter(ids) == expected

@@ -86,10 +86,12 @@ def test_mixed_batch_gives_one_read_row_per_good_record_and_one_dead_letter_per_
     assert "e280zz" in dead[1]["detail"]
 
 
-def test_date_partition_is_the_utc_day_of_the_event_time_not_of_receipt():
+def test_date_partition_is_the_utc_day_of_receipt_not_of_the_reader_clock():
     batch = build_batch(mixed_records(), batch_id=1)
-    # Read one second before midnight, received after it: it belongs to the day it was read.
-    assert batch.reads.column("date").to_pylist() == ["2026-11-21", "2026-11-22"]
+    # Read one second before midnight, received after it: it lands in the day it was received
+    # (DESIGN §7.7), and event_time keeps the reader's day.
+    assert batch.reads.column("date").to_pylist() == ["2026-11-22", "2026-11-22"]
+    assert [t.day for t in batch.reads.column("event_time").to_pylist()] == [21, 22]
 
 
 def test_dead_letter_date_partition_is_the_utc_day_of_receipt():
@@ -97,9 +99,12 @@ def test_dead_letter_date_partition_is_the_utc_day_of_receipt():
     assert batch.dead_letters.column("date").to_pylist() == ["2026-11-22", "2026-11-22"]
 
 
-def test_non_utc_event_time_lands_in_its_utc_day():
+def test_non_utc_event_time_is_kept_on_the_utc_timeline():
     batch = build_batch([record(event("e280", "2026-11-22T01:30:00+02:00"))], batch_id=1)
-    assert batch.reads.column("date").to_pylist() == ["2026-11-21"]
+    assert batch.reads.column("event_time").to_pylist() == [
+        datetime(2026, 11, 21, 23, 30, tzinfo=UTC)
+    ]
+    assert batch.reads.column("date").to_pylist() == ["2026-11-22"]  # received then
 
 
 def test_the_same_records_always_build_identical_tables():
@@ -211,7 +216,7 @@ def test_lifecycle_records_land_in_events_and_reads_are_unchanged():
         "received_time": datetime(2026, 11, 22, 0, 0, 1, 250000, tzinfo=UTC),
         "pack_id": 1,
         "batch_id": 9,
-        "date": "2026-11-21",
+        "date": "2026-11-22",  # received then (DESIGN §7.7), its time the day before
     }
 
 

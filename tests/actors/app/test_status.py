@@ -1,9 +1,17 @@
+import sqlite3
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from actors.app.cli import main
 from actors.app.status import collect_status, format_status
 from actors.clock import SimulatedClock
 from actors.config.schema import load_config
 from actors.ledger import InboundLedger
 from actors.messages import Forwarded, Inbound
 from tests.actors.test_ledger import RecordingAcks, publish
+
+V1_SCHEMA = Path(__file__).parents[2] / "persistence" / "data" / "ledger_v1.sql"
 
 
 def running_report(now: float) -> dict:
@@ -206,3 +214,13 @@ def test_status_reads_each_readers_health_from_the_ledger_and_names_a_silent_one
     ) in text
     assert "SILENT:     fx9600-02 has sent nothing for 61 s (limit 60 s)" in text
     assert "SILENT:     fx9600-01" not in text
+
+
+def test_status_on_a_ledger_of_an_older_schema_says_what_to_do_without_a_traceback(tmp_path):
+    with sqlite3.connect(tmp_path / "ledger.sqlite") as db:
+        db.executescript(V1_SCHEMA.read_text())
+    result = CliRunner().invoke(main, ["status"], env={"FXGATE__GATEWAY__DATA_DIR": str(tmp_path)})
+    assert result.exit_code == 1, result.output
+    assert "schema version 1: start the daemon of this fxgate once" in result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert "Traceback" not in result.output
