@@ -15,9 +15,12 @@ from actors.config.schema import Config, ConfigError, load_config
 log = logging.getLogger(__name__)
 
 
-def _load(config_path: Path | None) -> Config:
+def _load(config_path: Path | None, connecting: bool = False) -> Config:
+    """The configuration, or exit 2 listing every error. Only `run` connects to the brokers
+    (`connecting`): the other commands read the data directory, and production mode does not ask
+    them for the password variables."""
     try:
-        return load_config(config_path)
+        return load_config(config_path, connecting=connecting)
     except ConfigError as error:
         click.echo(f"fxgate: invalid configuration ({len(error.errors)} error(s)):", err=True)
         for line in error.errors:
@@ -74,7 +77,7 @@ def run(config_path: Path | None) -> None:
     from actors.app.daemon import run as run_daemon
     from actors.crashpoints import CrashPointError, arm_from_environ
 
-    config = _load(config_path)
+    config = _load(config_path, connecting=True)
     configure_logging(config.gateway.log_level)
     try:
         arm_from_environ()

@@ -238,8 +238,9 @@ env FXGATE__SOURCE__HOST=broker.plant-7.lan \\
   value. `password_env` names the variable that holds it (under systemd, from an
   `EnvironmentFile` readable by root only); `password_file` names a file that holds only the
   password, read at every connect so that a rotated password is used from the next reconnect.
-- In production mode each variable named by `password_env` must be set, and a `password_file`
-  or `tls_key_file` must be private to the daemon's user (chmod 600).
+- In production mode each variable named by `password_env` must be set for `fxgate run` (the
+  commands that connect to no broker do not ask for it), and a `password_file` or
+  `tls_key_file` must be private to the daemon's user (chmod 600).
 - Passwords never appear in logs, in the start-up summary, in errors or in `fxgate status`.
   `[spark.conf]` is logged by key only, and values of keys that look secret (`secret`,
   `password`, `token`, `credential`, `private`, `key`) are masked.

@@ -321,7 +321,7 @@ class SourceConfig(_BrokerSection):
     """User name to connect with; unset: connect without one."""
     password_env: EnvVarName | None = None
     """The NAME of the environment variable that holds the password, read at each connect (no
-    key holds the password itself). In production mode the variable must be set."""
+    key holds the password itself). In production mode `fxgate run` needs the variable set."""
     password_file: NonEmptyStr | None = None
     """Or the path of a file that holds only the password (not with `password_env`): read at
     every connect, so a rotated password is used from the next reconnect; a trailing newline is
@@ -446,7 +446,7 @@ class UpstreamConfig(_BrokerSection):
     """User name to connect with; unset: connect without one."""
     password_env: EnvVarName | None = None
     """The NAME of the environment variable that holds the password, read at each connect (no
-    key holds the password itself). In production mode the variable must be set."""
+    key holds the password itself). In production mode `fxgate run` needs the variable set."""
     password_file: NonEmptyStr | None = None
     """Or the path of a file that holds only the password (not with `password_env`): read at
     every connect, a trailing newline dropped. In production mode the file must be private to
@@ -1072,9 +1072,15 @@ def load_config(
     path: Path | None = None,
     environ: Mapping[str, str] | None = None,
     hostname: str | None = None,
+    *,
+    connecting: bool = True,
 ) -> Config:
     """Defaults, then the TOML file at `path` (if any), then FXGATE__ overrides; validated,
-    identity resolved. Raises ConfigError listing every problem."""
+    identity resolved. Raises ConfigError listing every problem.
+
+    `connecting=False` is for the commands that read the data directory and connect to no
+    broker (status, sql, audit, ...): production mode does not ask them for the password
+    variables, which the service user's shell does not have."""
     environ = os.environ if environ is None else environ
     hostname = socket.gethostname() if hostname is None else hostname
     errors: list[str] = []
@@ -1126,9 +1132,9 @@ def load_config(
             origin = origins.get(tuple(error.key.split(".")))
             errors.append(f"{error} (from {origin})" if origin else str(error))
         if gateway.mode == "production":
-            errors.extend(_production_errors("source", source, environ))
+            errors.extend(_production_errors("source", source, environ, connecting))
             if forwarding:
-                errors.extend(_production_errors("upstream", upstream, environ))
+                errors.extend(_production_errors("upstream", upstream, environ, connecting))
         production = gateway.mode == "production"
         errors.extend(_security_errors("source", source, production))
         if forwarding:
@@ -1262,10 +1268,13 @@ _UNIQUE_ID_REASONS = {
 
 
 def _production_errors(
-    name: str, section: SourceConfig | UpstreamConfig, environ: Mapping[str, str]
+    name: str,
+    section: SourceConfig | UpstreamConfig,
+    environ: Mapping[str, str],
+    connecting: bool,
 ) -> list[str]:
     errors = []
-    if section.password_env is not None and section.password_env not in environ:
+    if connecting and section.password_env is not None and section.password_env not in environ:
         errors.append(
             f"{name}.password_env: environment variable {section.password_env} is not set "
             "(required in production mode)"

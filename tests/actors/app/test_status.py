@@ -224,3 +224,21 @@ def test_status_on_a_ledger_of_an_older_schema_says_what_to_do_without_a_traceba
     assert "schema version 1: start the daemon of this fxgate once" in result.output
     assert result.exception is None or isinstance(result.exception, SystemExit)
     assert "Traceback" not in result.output
+
+
+def test_status_in_production_mode_asks_for_no_password_variable_and_run_still_does(tmp_path):
+    """The service user's shell has no secrets.env: status connects to no broker, so production
+    mode does not ask it for the password variable (`run` does, before anything else)."""
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        '[gateway]\nmode = "production"\n'
+        f'data_dir = "{tmp_path / "data"}"\n'
+        '[source]\nenvironment_id = "plant-7"\ninstance_id = "gw-1"\n'
+        'username = "fx"\npassword_env = "FXGATE_TEST_UNSET_PASSWORD"\n'
+    )
+    status = CliRunner().invoke(main, ["status", "--config", str(config)])
+    assert status.exit_code == 0, status.output
+    assert "FXGATE_TEST_UNSET_PASSWORD" not in status.output
+    run = CliRunner().invoke(main, ["run", "--config", str(config)])
+    assert run.exit_code == 2
+    assert "FXGATE_TEST_UNSET_PASSWORD is not set" in run.output
