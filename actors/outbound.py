@@ -11,9 +11,9 @@ Owns the outbound database (its own SQLite file) and every outbound PUBLISH/PUBR
 - a PUBACK or PUBREC with a reason code >= 0x80 is a failure, never a success;
 - packs follow TBMQ: one pack at a time, acknowledged when every message in it is; after
   `processing_timeout` RETRY_ALL tries again what is unacknowledged up to `retries` times
-  (0 = unlimited): a refused message anew, a PUBREL again, a PUBLISH still in flight only after
-  the next reconnect (same id, DUP); SKIP_ALL gives up at once; what is given up on becomes an
-  upstream dead letter (DESIGN §7.2: its reads are in the table whatever happens here);
+  (0 = unlimited): a refused message anew, a PUBLISH or PUBREL still in flight only after the
+  next reconnect (same id; DUP on a PUBLISH); SKIP_ALL gives up at once; what is given up on
+  becomes an upstream dead letter (DESIGN §7.2: its reads are in the table whatever happens here);
 - a finished pack is reported to the inbound ledger (`Forwarded`) once its states are committed
   here, and the rows of it are deleted here only when the ledger says it has recorded the report
   (`ForwardRecorded`): a kill in between reports them again at the next start, never forwards
@@ -504,24 +504,22 @@ class OutboundLedger(pykka.ThreadingActor):
             self.stats.resent += 1
             room -= 1
 
-    def _resend_live(self) -> None:
-        """A pack's retry on the live connection: a PUBREL in flight on it goes again (it takes
-        no quota, MQTT 5 §4.9), a PUBLISH does not. MQTT 5 §4.4 allows a re-send only after a
-        reconnect [MQTT-4.4.0-1], and HiveMQ CE counts a DUP of an id still in flight as one more
-        PUBLISH in flight until the connection ends, QoS 1 and 2 alike (it answers the id once),
-        then disconnects with 0x93 past its Receive Maximum (measured:
-        tests/brokers/test_hivemq_flow_control.py). The broker has the original, or the
-        connection is dead and the reconnect re-sends it. One that expired is given up on."""
+    def _give_up_expired_live(self) -> None:
+        """A pack's retry on the live connection sends nothing that is on the wire again: no
+        PUBLISH, no PUBREL. MQTT 5 §4.4 allows a re-send only after a reconnect [MQTT-4.4.0-1],
+        and HiveMQ CE counts a DUP of an id still in flight as one more PUBLISH in flight until
+        the connection ends, QoS 1 and 2 alike (it answers the id once), then disconnects with
+        0x93 past its Receive Maximum (measured: tests/brokers/test_hivemq_flow_control.py). The
+        broker has the original, or the connection is dead and the reconnect re-sends it. A
+        PUBLISH that expired meanwhile is given up on (a PUBREL never is: the broker has the
+        message)."""
         if self._faults.failing:
             return
         now = self._clock.wall()
         live = [pid for pid in self._inflight if pid not in self._unsent]
         for packet_id in sorted(live, key=lambda pid: self._inflight[pid].record.seq):
             entry = self._inflight[packet_id]
-            if entry.state == "pubrel":
-                self._client.send_pubrel(self._epoch, packet_id)
-                self.stats.resent += 1
-            elif _remaining(entry.record, now) == _EXPIRED:
+            if entry.state != "pubrel" and _remaining(entry.record, now) == _EXPIRED:
                 self._abandon(packet_id, entry)
 
     def _abandon(self, packet_id: int, entry: _Entry) -> None:
@@ -727,11 +725,11 @@ class OutboundLedger(pykka.ThreadingActor):
             if entry.state == "failed":
                 entry.state = "queued"
         if self._client is not None:
-            # RETRY_ALL: what waits for the window on this connection goes (DUP, same ids), a
-            # PUBREL again, a PUBLISH on the wire not (`_resend_live`); then what failed goes
-            # again anew, each reader's refused message before its later ones.
+            # RETRY_ALL: what waits for the window on this connection goes (DUP, same ids), what
+            # is on the wire not (`_give_up_expired_live`); then what failed goes again anew,
+            # each reader's refused message before its later ones.
             self._flush_unsent()
-            self._resend_live()
+            self._give_up_expired_live()
         self._arm_timeout()
         self._send_some()
 

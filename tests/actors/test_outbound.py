@@ -546,7 +546,7 @@ def test_retry_all_gives_the_unacknowledged_their_retries_then_dead_letters_them
         assert clock.wait_for_timers(1)
         clock.advance(20.0)
     # Not sent again on the live connection (MQTT 5 §4.4; HiveMQ CE counts a copy against its
-    # Receive Maximum until the connection ends: actors/outbound.py, `_resend_live`).
+    # Receive Maximum until the connection ends: actors/outbound.py, `_give_up_expired_live`).
     assert ref.proxy().status().get(timeout=5)["retries"] == 3
     assert len(client.sent) == 2
     clock.advance(20.0)
