@@ -39,6 +39,9 @@ NOW = datetime.now(UTC)
 # Minute boundaries well inside the last hour, whenever the module runs.
 BASE = (NOW - timedelta(minutes=40)).replace(second=0, microsecond=0)
 OLD = BASE - timedelta(hours=3)
+# When the ledger stored the reads: after the last of them (`date` is the day of this, DESIGN
+# §7.7), still inside the last hour.
+RECEIVED = (BASE + timedelta(minutes=2)).timestamp()
 APP_ID = application_id("sql-test")
 
 
@@ -80,9 +83,9 @@ def tag(epc: str, antenna: int, when: datetime, num: int, reads: int | None, mod
     return {"data": data, "timestamp": stamp(when), "type": mode}
 
 
-def message(topic_reader: str, doc, key: str, seq: int) -> Record:
+def message(topic_reader: str, doc, key: str, seq: int, received: float = RECEIVED) -> Record:
     topic = f"zebra/fx/{topic_reader}/reads"
-    return Record(key, topic, json.dumps(doc).encode(), seq=seq)
+    return Record(key, topic, json.dumps(doc).encode(), received_time=received, seq=seq)
 
 
 def second(n: int) -> datetime:
@@ -96,7 +99,10 @@ def data_dir(spark_session, tmp_path_factory) -> Path:
     reasons."""
     data = tmp_path_factory.mktemp("sql-data")
     writer = ArrowTableWriter(None, data / "tables", APP_ID)
-    old = build_batch([message("fx9600-02", tag("D4", 3, OLD, 1, None), "old", 0)], batch_id=1)
+    old = build_batch(
+        [message("fx9600-02", tag("D4", 3, OLD, 1, None), "old", 0, OLD.timestamp() + 1)],
+        batch_id=1,
+    )
     writer.write_batch(1, {READS: old.reads.drop_columns(list(NEW_COLUMNS))})
     records = [
         message("fx9600-01", tag("A1", 1, second(5), 10, 4), "m1", 1),
@@ -109,8 +115,8 @@ def data_dir(spark_session, tmp_path_factory) -> Path:
             "m5",
             5,
         ),
-        Record("d1", "zebra/fx/fx9600-01/reads", b"not json", seq=6),
-        Record("d2", "zebra/fx/fx9600-02/reads", b"{also not", seq=7),
+        Record("d1", "zebra/fx/fx9600-01/reads", b"not json", received_time=RECEIVED, seq=6),
+        Record("d2", "zebra/fx/fx9600-02/reads", b"{also not", received_time=RECEIVED, seq=7),
         message("fx9600-01", tag("XYZ", 1, second(1), 16, 1), "d3", 8),  # bad_epc
         message("fx9600-01", {"data": {"idHex": "ab"}}, "d4", 9),  # no timestamp
     ]
