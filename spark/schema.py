@@ -573,7 +573,7 @@ def _storable(text: str, limit: int | None = None) -> str:
 
 def _events_table(events: list[tuple[object, dict, int]], batch_id: int) -> pa.Table:
     times = pa.array([e["time"] for _, e, _ in events], type=UTC_MICROS)
-    received = pa.array([received for _, _, received in events], type=UTC_MICROS)
+    received = pa.array([stored for _, _, stored in events], type=UTC_MICROS)
     data = [e["data"] for _, e, _ in events]
     return pa.table(
         [
