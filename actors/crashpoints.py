@@ -46,6 +46,10 @@ POINTS = frozenset(
         "maintenance_inside_optimize",
         "maintenance_after_optimize_before_vacuum",
         "maintenance_inside_vacuum",
+        # A shared group's tables: a member read a table's snapshot and has not merged its batch
+        # into it yet; a member claimed an OPTIMIZE and has not run it yet.
+        "group_before_merge",
+        "maintenance_claimed_before_optimize",
         # Conversion of the layout before Delta (spark/convert.py): a chunk's files written and
         # not committed; a chunk committed; the old directories half removed.
         "convert_after_write_before_commit",

@@ -244,6 +244,8 @@ class CompactionReport:
     failed_passes: int = 0
     files_compacted: int = 0  # small files OPTIMIZE replaced, over every pass of this run
     files_vacuumed: int = 0  # files VACUUM deleted, over every pass of this run
+    # In a shared group: OPTIMIZEs skipped because another member's commit came first.
+    optimizes_lost: int = 0
     last_outcome: str | None = None
     last_reason: str | None = None  # scheduled, or requested by fxgate compact
     last_time: float | None = None
@@ -268,6 +270,11 @@ class BatchWritten:
     # Its dead letters as (sink, reason, count): what /metrics counts per reason (plain tuples,
     # so the status snapshot that carries the last batch stays JSON).
     dead_letter_reasons: tuple[tuple[str, str, int], ...] = ()
+    # In a shared group's tables (spark.tables.GroupTableWriter): the batch's rows another
+    # member had landed first (the merge skipped them), and its merges that lost a commit race
+    # and were merged again.
+    already_landed: int = 0
+    merges_retried: int = 0
 
 
 # -- connections -> the life-cycle actor -------------------------------------------------------

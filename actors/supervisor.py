@@ -40,7 +40,7 @@ from actors.messages import (
 from actors.mqtt.intake import IntakeGate
 from actors.pack import PackActor
 from actors.tell import stop_actor
-from actors.writer import CompactionSchedule, CompactNow, SparkWriterActor
+from actors.writer import CompactionSchedule, CompactNow, GroupLanding, SparkWriterActor
 from persistence.compaction_request import pending_compaction_requests
 from persistence.disk_budget import DiskBudget
 from persistence.permissions import private_directory
@@ -162,6 +162,10 @@ class Supervisor(WriterListener):
         self.dead_letters_written = 0
         self.dead_letters_by_reason: dict[str, int] = {}  # "sink/reason" -> rows landed
         self.events_written = 0
+        # In a shared group's tables: rows of this member's batches that another member had
+        # landed first, and merges that lost a commit race and were merged again.
+        self.already_landed = 0
+        self.merges_retried = 0
         self._landed = threading.Condition(self._batch_lock)
         self._health: WriterHealth | None = None  # the writer's latest, from its thread
         self._compaction: CompactionReport | None = None  # likewise, once compaction is on
@@ -270,6 +274,9 @@ class Supervisor(WriterListener):
                 parse_worker=cfg.spark.parse_worker,
                 land_with_arrow=cfg.spark.lands_with_arrow,
                 parse_helpers=cfg.spark.parse_helpers,
+                group=None
+                if cfg.group_tables is None
+                else GroupLanding(cfg.group_tables, cfg.identity.client_id),
                 **self._writer_options,
             )
             pack = self._start(
@@ -415,6 +422,8 @@ class Supervisor(WriterListener):
                 key = f"{sink}/{reason}"
                 self.dead_letters_by_reason[key] = self.dead_letters_by_reason.get(key, 0) + count
             self.events_written += batch.events
+            self.already_landed += batch.already_landed
+            self.merges_retried += batch.merges_retried
             self.readers.update((r.reader_id, r) for r in batch.readers)
             self.reader_health.update(batch.reader_health)
             self.reader_events_written += batch.reader_events
@@ -483,6 +492,14 @@ class Supervisor(WriterListener):
                 reader_id: dict(state) for reader_id, state in sorted(self.reader_health.items())
             }
             out["reader_events_written"] = self.reader_events_written
+            if self.config.group_tables is not None:
+                out["group"] = {
+                    "tables": self.config.group_tables,
+                    "member": self.config.identity.client_id,
+                    "rows_landed": self.rows_written - self.already_landed,
+                    "already_landed": self.already_landed,
+                    "merges_retried": self.merges_retried,
+                }
             last = asdict(self.last_batch) if self.last_batch else None
             if last is not None:
                 last.pop("reader_health", None)  # the whole of it is above

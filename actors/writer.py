@@ -25,6 +25,12 @@ takes: its rows are durable in the ledger and must not be dropped because a tabl
 job still running `processing_timeout` after it started is cancelled and retried the same way.
 While a batch waits for its retry, new packs wait behind it, which keeps batches in order.
 
+A member of a shared group (`group`) lands into the group's tables, which every member of the
+environment writes (DESIGN §7.12): each table's rows by an insert-if-absent merge, in one commit
+that still carries this member's (application id, batch id) (spark.tables.GroupTableWriter).
+It holds no lock, and maintains the tables on its schedule as every member does, each OPTIMIZE
+claimed first so that two members' never both commit (spark/maintenance.py).
+
 Maintenance (spark/maintenance.py: OPTIMIZE, VACUUM, checkpoints and log clean-up) runs here too,
 between writes on this thread: `start_delay` after the start and every `interval` after that, and
 whenever `fxgate compact` leaves a request (the supervisor tells `CompactNow`). With the default
@@ -153,6 +159,14 @@ class CompactionSchedule:
     data_dir: Path | None = None  # where `fxgate compact` leaves its requests
 
 
+@dataclass(frozen=True, slots=True)
+class GroupLanding:
+    """This gateway is a member of a shared group, whose tables it lands into with its peers."""
+
+    name: str  # `{group}-{environment}`: the share name, and the tables' `fxgate.group`
+    member: str  # this member's client id: its rows' `landed_by`, its maintenance claims
+
+
 class SparkWriterActor(pykka.ThreadingActor):
     def __init__(
         self,
@@ -185,8 +199,10 @@ class SparkWriterActor(pykka.ThreadingActor):
         parse_helpers: int = 0,
         app_id: str | None = None,
         table_properties: dict[str, str] | None = None,
+        group: GroupLanding | None = None,
     ) -> None:
         super().__init__()
+        self._group = group
         # True: batches are parsed in a child process (spark.parse_worker), off this process's
         # GIL; the writer's thread waits for it with the GIL free for the intake.
         self._use_parse_worker = parse_worker
@@ -211,6 +227,9 @@ class SparkWriterActor(pykka.ThreadingActor):
         # None: no lock and no compaction (a writer in a test of its own).
         self._compaction = compaction
         self._writer_lock: WriterLock | None = None
+        # True when this writer maintains the tables on this disk: under the writer lock, or,
+        # in a shared group, beside the other members with no lock (claims instead).
+        self._maintains = False
         self._compaction_timer: TimerHandle | None = None
         self._local_tables: Path | None = None
         # Each reader's health (spark.reader_health), kept like the counters below: a batch
@@ -280,6 +299,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._start_parse_worker()
         from spark.tables import (
             ArrowTableWriter,
+            GroupTableWriter,
             TableWriter,
             application_id,
             redate_by_receipt,
@@ -289,18 +309,34 @@ class SparkWriterActor(pykka.ThreadingActor):
         local_tables = self._local_tables = local_path(self._tables_dir)
         if self._app_id is None:
             self._app_id = application_id(self._ledger.gateway_id().get(timeout=LEDGER_ASK_TIMEOUT))
+        group = self._group
+        if group is not None and (local_tables is None or not self._land_with_arrow):
+            # The configuration refuses this (actors/config/schema.py); a writer built by hand
+            # must not fall back to appends, which would not conflict with the other members.
+            raise ValueError("a shared group's tables land by delta-rs merges, on this disk")
         if self._table_writer is None:
             arrow = self._land_with_arrow and local_tables is not None
             self._session_per_pass = arrow
-            self._table_writer = functools.partial(
-                ArrowTableWriter if arrow else TableWriter, checkpoint=crash_point
-            )
+            if group is not None:
+                self._table_writer = functools.partial(
+                    GroupTableWriter, checkpoint=crash_point, group=group.name, member=group.member
+                )
+            else:
+                self._table_writer = functools.partial(
+                    ArrowTableWriter if arrow else TableWriter, checkpoint=crash_point
+                )
             log.info(
                 "batches are committed %s",
-                "by delta-rs in this process" if arrow else "by Spark jobs (delta-spark)",
+                f"by delta-rs merges into group {group.name}'s tables, as member {group.member}"
+                if group is not None
+                else "by delta-rs in this process"
+                if arrow
+                else "by Spark jobs (delta-spark)",
             )
         if local_tables is not None and self._compaction is not None:
-            self._take_writer_lock(local_tables)
+            if group is None:
+                self._take_writer_lock(local_tables)
+            self._maintains = True
             self._convert_legacy_tables(local_tables)
             self._redate_tables(functools.partial(redate_by_receipt, local_tables))
         if self._session_per_pass:
@@ -322,7 +358,7 @@ class SparkWriterActor(pykka.ThreadingActor):
                 self._tables_dir,
                 self._app_id,
             )
-        if self._writer_lock is not None and self._compaction.enabled:
+        if self._maintains and self._compaction.enabled:
             self._schedule_compaction(self._compaction.start_delay)
 
     def _new_table_writer(self, session) -> TableWriter:
@@ -523,7 +559,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         """One maintenance pass (spark/maintenance.py); its result, or None when it could not
         run now."""
         self._land_in_flight()  # a pass runs between batches, never beside one
-        if self._writer_lock is None and self._session is None:
+        if not self._maintains and self._session is None:
             log.warning(
                 "maintenance pass (%s) skipped: the tables are not ours to maintain", reason
             )
@@ -553,6 +589,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             passes=report.passes + 1,
             files_compacted=report.files_compacted + result.files_compacted,
             files_vacuumed=report.files_vacuumed + result.files_vacuumed,
+            optimizes_lost=report.optimizes_lost + result.optimizes_lost,
             last_outcome="compacted",
             last_reason=reason,
             last_time=started,
@@ -576,6 +613,7 @@ class SparkWriterActor(pykka.ThreadingActor):
                 checkpoint=crash_point,
                 soon=functools.partial(crash_soon, delay=MAINTENANCE_CRASH_DELAY),
                 properties=self._table_properties,
+                claim=None if self._group is None else self._group.member,
             )
         return SparkMaintainer(
             self._session,
@@ -736,6 +774,9 @@ class SparkWriterActor(pykka.ThreadingActor):
             watchdog.cancel()
             if mid_job is not None:
                 mid_job.cancel()
+        merges_retried, already_landed = (
+            (0, 0) if self._group is None else self._tables.take_merge_counts()
+        )
         crash_point("after_spark_job_before_mark")
         rows, dead = written.get(READS, 0), written.get(DEAD_LETTERS, 0)
         events = written.get(EVENTS, 0)
@@ -788,6 +829,8 @@ class SparkWriterActor(pykka.ThreadingActor):
                 (sink, reason, count)
                 for (sink, reason), count in dead_letter_reasons(tables.dead_letters).items()
             ),
+            already_landed,
+            merges_retried,
         )
         self.last_batch = result
         log.info(

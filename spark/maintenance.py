@@ -18,6 +18,16 @@ grows with the live file count. A pass, on the daemon's schedule and between its
    go, so a table that commits every second for a year opens from one checkpoint and a bounded
    number of JSON commits.
 
+In a shared group's tables (DESIGN §7.12) any member may run a pass, with no lock between them:
+each OPTIMIZE is preceded by the member's claim (`MAINTAINED_BY`, a table property, so a metadata
+commit) and reads the snapshot of that claim. delta-rs fails a commit whose window holds a
+metadata change, and does not fail an OPTIMIZE over files another OPTIMIZE replaced (measured:
+both committed, every row of those files twice); with the claims, of two OPTIMIZEs that overlap
+the one that read first meets the other's claim and fails, and is skipped until the next pass.
+A member's merge in flight at a claim is merged again (spark/tables.py). VACUUM deletes only
+files older than the retention that no snapshot within it lists, whoever runs it; two at once
+delete the same files, which is no harm.
+
 `DeltaMaintainer` does it with delta-rs in this process, with no JVM, for tables on this disk
 whichever path lands them; `SparkMaintainer` with delta-spark, for remote tables only. A pass
 is safe to kill at any point: each step is a Delta commit or a deletion of files no snapshot
@@ -35,7 +45,7 @@ from pathlib import Path
 
 from spark.location import Location, local_path, spark_uri
 from spark.progress import NO_PROGRESS, Progress
-from spark.tables import DATE, TABLES, is_delta_table, table_path
+from spark.tables import DATE, MAINTAINED_BY, TABLES, is_delta_table, table_path
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +62,9 @@ DEFAULT_VACUUM_RETENTION_HOURS = 1
 INSIDE_OPTIMIZE = "maintenance_inside_optimize"
 INSIDE_VACUUM = "maintenance_inside_vacuum"
 AFTER_OPTIMIZE_BEFORE_VACUUM = "maintenance_after_optimize_before_vacuum"
+# A group member's claim is committed, its OPTIMIZE not begun (a test runs another member's
+# pass here, to make two OPTIMIZEs overlap).
+CLAIMED_BEFORE_OPTIMIZE = "maintenance_claimed_before_optimize"
 
 
 def utc_date(epoch_seconds: float) -> str:
@@ -65,6 +78,8 @@ class TableMaintained:
     files_added: int = 0
     files_vacuumed: int = 0
     version: int | None = None  # the table's version after the pass
+    # OPTIMIZEs that lost to another group member's commit (skipped until the next pass).
+    optimizes_lost: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,12 +95,21 @@ class PassResult:
     def files_vacuumed(self) -> int:
         return sum(t.files_vacuumed for t in self.tables)
 
+    @property
+    def optimizes_lost(self) -> int:
+        return sum(t.optimizes_lost for t in self.tables)
+
     def summary(self) -> str:
         if not self.tables:
             return "no table yet"
         parts = [
             f"{t.table}: {t.files_removed} file(s) into {t.files_added}, "
             f"{t.files_vacuumed} vacuumed, version {t.version}"
+            + (
+                f", {t.optimizes_lost} OPTIMIZE(s) lost to another member"
+                if t.optimizes_lost
+                else ""
+            )
             for t in self.tables
         ]
         return f"{'; '.join(parts)} ({self.seconds:.2f} s)"
@@ -113,10 +137,14 @@ class DeltaMaintainer:
         soon: Callable[[str], object] = _no_timer,
         tables: Iterable[str] = TABLES,
         properties: Mapping[str, str] | None = None,
+        claim: str | None = None,
     ) -> None:
         local = local_path(tables_dir)
         if local is None:
             raise ValueError(f"{tables_dir} is not on this machine's disk: use SparkMaintainer")
+        # A group member's name: each OPTIMIZE is claimed first (see the module). None: the
+        # tables have one writer, this process, under the writer lock.
+        self._claim = claim
         self._tables_dir = local
         self._target = target_file_bytes
         self._open_target = min(open_file_bytes, target_file_bytes)
@@ -149,10 +177,17 @@ class DeltaMaintainer:
 
     def _maintain(self, name: str, path: str, today: str, progress: Progress) -> TableMaintained:
         from deltalake import DeltaTable
+        from deltalake.exceptions import CommitFailedError
 
         table = DeltaTable(path)
-        _align_properties(table, self._properties)
-        removed = added = 0
+        try:
+            _align_properties(table, self._properties)
+        except CommitFailedError:
+            if self._claim is None:
+                raise
+            # Another member's commit came first (perhaps its own alignment): the next pass.
+            table.update_incremental()
+        removed = added = lost = 0
         timer = self._soon(INSIDE_OPTIMIZE)
         try:
             for filters, target, dates in (
@@ -160,7 +195,10 @@ class DeltaMaintainer:
                 ([(DATE, ">=", today)], self._open_target, "open date"),
             ):
                 progress.advance(0, note=f"{name}: compacting the {dates}")
-                metrics = table.optimize.compact(partition_filters=filters, target_size=target)
+                metrics = self._optimize(table, filters, target)
+                if metrics is None:
+                    lost += 1
+                    continue
                 removed += int(metrics.get("numFilesRemoved", 0))
                 added += int(metrics.get("numFilesAdded", 0))
                 progress.advance(0, files=int(metrics.get("numFilesRemoved", 0)))
@@ -185,7 +223,33 @@ class DeltaMaintainer:
         table.update_incremental()
         table.create_checkpoint()
         table.cleanup_metadata()
-        return TableMaintained(name, removed, added, len(vacuumed), table.version())
+        return TableMaintained(name, removed, added, len(vacuumed), table.version(), lost)
+
+    def _optimize(self, table, filters, target: int) -> dict | None:
+        """One OPTIMIZE; in a group, claimed first and None when another member's commit came
+        between the claim and this commit (nothing of it is committed)."""
+        from deltalake.exceptions import CommitFailedError
+
+        if self._claim is None:
+            return table.optimize.compact(partition_filters=filters, target_size=target)
+        try:
+            table.update_incremental()
+            table.alter.set_table_properties(
+                {MAINTAINED_BY: self._claim}, raise_if_not_exists=False
+            )
+            self._checkpoint(CLAIMED_BEFORE_OPTIMIZE)
+            # `table` still stands at its claim's version: the compaction reads that snapshot.
+            return table.optimize.compact(partition_filters=filters, target_size=target)
+        except CommitFailedError as error:
+            first = (str(error).splitlines() or ["a concurrent commit"])[0]
+            logger.info(
+                "Delta table %s: OPTIMIZE skipped, another member's commit came first (%s); "
+                "the next pass compacts what is left",
+                table.table_uri,
+                first,
+            )
+            table.update_incremental()
+            return None
 
 
 class SparkMaintainer:

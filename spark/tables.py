@@ -24,6 +24,16 @@ by one is skipped by the other:
 - `TableWriter` (`landing = "spark"`: a cluster, remote tables): a Spark job through delta-spark
   with `txnAppId` / `txnVersion`, which does the same skip inside its commit.
 
+A shared group's tables (DESIGN §7.12): the members of one environment's shared subscription
+land into one table per name. A broker may hand a read to a second member while the first has it
+journaled (HiveMQ CE at a member's disconnect, EMQX at its session's expiry; MQTT 5 §4.8.2 allows
+it), so both members land it; the table is the idempotent receiver. `GroupTableWriter` lands
+each table's rows with an insert-if-absent merge on the row's identity (`IDENTITY`), in one
+commit that still carries the member's own (application id, batch id). Delta's conflict check
+orders concurrent merges: a merge whose read a concurrent commit touched fails
+(`CommitFailedError`) and is merged again from the new snapshot, which then skips the rows the
+other member landed. A blind append would never conflict, so a group member never appends.
+
 What every Delta reader can read (delta-rs, delta-spark, DuckDB's delta extension): timestamps
 as UTC microseconds (Delta `timestamp`, never `timestamp_ntz`), every column nullable (NOT NULL
 columns written by delta-rs made delta-spark refuse a table: DESIGN §7), reader version 1 and
@@ -79,6 +89,44 @@ UTC_MICROS = pa.timestamp("us", tz="UTC")
 # committed (ArrowTableWriter); one table of a batch committed, the next not yet (both writers).
 LANDED_NOT_COMMITTED = "landing_after_write_before_commit"
 BETWEEN_TABLES = "landing_between_tables"
+# A group member's snapshot of a table is read, its merge not begun (GroupTableWriter): a test
+# commits another member's batch here to make the two race, and a kill here loses nothing.
+BEFORE_MERGE = "group_before_merge"
+
+# A shared group's tables (DESIGN §7.12). The table property naming the group whose table it is
+# (`{group}-{environment}`, the share name of `$share/{group}-{environment}/...`): a member of
+# another group, or a gateway alone, is refused at start (`check_group`).
+GROUP_OF = "fxgate.group"
+# The table property a member sets right before each OPTIMIZE, as a claim. delta-rs 1.6.6
+# commits an OPTIMIZE over files a concurrent OPTIMIZE already replaced (measured: two compactions
+# from one snapshot both committed, and every row of those files was there twice), but it fails
+# any commit whose window holds a metadata change. An OPTIMIZE that reads the snapshot of its own
+# claim therefore commits only if no other member claimed after it: of two that overlap, the
+# one that read first meets the other's claim and fails (spark/maintenance.py).
+MAINTAINED_BY = "fxgate.maintenance"
+# The column a group member adds to every row it lands: which member it was (its client id),
+# so that `batch_id`, each member's own, is read with it, and a member's share is a count.
+LANDED_BY = "landed_by"
+# The columns that name one row of each table: a group's merge inserts a row only when no row
+# with the same values is there. A read's `message_id` comes from its message's key (topic and
+# payload: the same whichever member received it); a message's dead letter is one per sink and
+# reason; a life-cycle event's id is its own.
+IDENTITY: dict[str, tuple[str, ...]] = {
+    READS: ("message_id",),
+    EVENTS: ("id",),
+    DEAD_LETTERS: ("message_key", "sink", "reason"),
+    READER_EVENTS: ("message_key",),
+}
+# A column every member sees the same for one row (the reader's or the event's own clock, never
+# the receive time: a read handed to a second member is received later, perhaps on the next day,
+# in another `date` partition). The merge reads only the files whose statistics overlap the
+# batch's range of it, so its cost follows the batch, not the table's age.
+PRUNED_BY: dict[str, str] = {READS: "event_time", READER_EVENTS: "event_time", EVENTS: "time"}
+# How delta-rs says that a data file of the snapshot it read is not there any more.
+_MISSING_FILE = re.compile(r"not found|No such file", re.IGNORECASE)
+# Merges in a row that another member's commit may make fail before the batch fails (the
+# writer actor then retries it after its backoff, as any failed write).
+MERGE_ATTEMPTS = 8
 
 # Table properties of every table fxgate creates (spark/maintenance.py keeps them up to date).
 # Reader 1 / writer 2 is what every Delta reader reads; fxgate asks for no table feature.
@@ -313,17 +361,33 @@ class ArrowTableWriter:
         except TableNotFoundError:
             if schema is None:
                 return None
+            table = self._create(path, schema)
+        self._open[path] = table
+        return table
+
+    def _create(self, path: str, schema: pa.Schema):
+        from deltalake import DeltaTable
+        from deltalake.exceptions import CommitFailedError
+
+        try:
             table = DeltaTable.create(
                 path,
                 schema=schema,
                 partition_by=list(PARTITION_COLUMNS),
                 mode="ignore",  # another writer made it first: append to theirs
-                configuration={**self._properties, DATE_OF: RECEIVE_DATE},
+                configuration={**self._properties, **self._created_with(), DATE_OF: RECEIVE_DATE},
                 raise_if_key_not_exists=False,  # DATE_OF is ours, not one Delta defines
             )
-            logger.info("Delta table created: %s", path)
-        self._open[path] = table
+        except CommitFailedError:
+            # Another member's first commit won the race for version 0: theirs is the table.
+            logger.info("Delta table %s: made by another writer at the same moment", path)
+            return DeltaTable(path)
+        logger.info("Delta table created: %s", path)
         return table
+
+    def _created_with(self) -> dict[str, str]:
+        """Table properties of ours that a table this writer creates carries from its start."""
+        return {}
 
     def _append(self, name: str, path: str, table: pa.Table) -> bool:
 
@@ -424,6 +488,196 @@ def _write_files(table_dir: Path, table: pa.Table) -> list:
             )
         )
     return adds
+
+
+class GroupTableWriter(ArrowTableWriter):
+    """A shared group member's landing: each table's rows by an insert-if-absent merge (see the
+    module), with no lock between the members; the same exactly-once contract and application
+    ids as `ArrowTableWriter` for the member's own batches.
+
+    For each table of a batch: read the table's snapshot (skip the table if this member's
+    application id has the batch already), add any new column, then merge: rows whose identity
+    (`IDENTITY`) is not in the table are inserted, in one commit carrying (application id, batch
+    id). A merge that loses a commit race is merged again from the new snapshot, up to
+    `MERGE_ATTEMPTS` times; `take_merge_counts` says how many were, and how many rows another
+    member had landed first.
+    """
+
+    def __init__(
+        self,
+        session: object,
+        tables_dir: Location,
+        app_id: str,
+        checkpoint: Callable[[str], None] = lambda name: None,
+        properties: Mapping[str, str] | None = None,
+        *,
+        group: str,
+        member: str,
+    ) -> None:
+        super().__init__(session, tables_dir, app_id, checkpoint, properties)
+        self._group = group
+        self._member = member
+        self._retries = 0
+        self._already = 0
+
+    @property
+    def group(self) -> str:
+        return self._group
+
+    def _created_with(self) -> dict[str, str]:
+        return {GROUP_OF: self._group}
+
+    def take_merge_counts(self) -> tuple[int, int]:
+        counts = self._retries, self._already
+        self._retries = self._already = 0
+        return counts
+
+    def _append(self, name: str, path: str, table: pa.Table) -> bool:
+        from deltalake import CommitProperties, Transaction
+        from deltalake.exceptions import CommitFailedError, DeltaError
+
+        batch_id = int(table.column(BATCH_ID)[0].as_py())
+        if LANDED_BY not in table.schema.names:
+            table = table.append_column(
+                pa.field(LANDED_BY, pa.string()), pa.repeat(pa.scalar(self._member), table.num_rows)
+            )
+        predicate = merge_predicate(name, table)
+        for attempt in range(1, MERGE_ATTEMPTS + 1):
+            try:
+                delta = self._table(path, table.schema)
+                done = delta.transaction_version(self._app_id)
+                if done is not None and done >= batch_id:
+                    return False
+                typed = _as_table_types(delta, table)
+                add_new_columns(delta, typed.schema)
+                self._checkpoint(BEFORE_MERGE)
+                metrics = (
+                    delta.merge(
+                        typed,
+                        predicate,
+                        source_alias="s",
+                        target_alias="t",
+                        # The whole batch in memory: its statistics prune the target's files
+                        # (a streamed source has none, and the merge would read every file).
+                        streamed_exec=False,
+                        commit_properties=CommitProperties(
+                            app_transactions=[Transaction(self._app_id, batch_id)]
+                        ),
+                    )
+                    .when_not_matched_insert_all()
+                    .execute()
+                )
+            except (CommitFailedError, DeltaError) as error:
+                # A commit race; or a file of the snapshot read gone, replaced by another
+                # member's OPTIMIZE and deleted by a VACUUM whose retention that snapshot outlived.
+                if not isinstance(error, CommitFailedError) and not _MISSING_FILE.search(
+                    str(error)
+                ):
+                    raise
+                self._retries += 1
+                first = (str(error).splitlines() or ["a concurrent commit"])[0]
+                if attempt == MERGE_ATTEMPTS:
+                    raise
+                logger.info(
+                    "batch %d, table %s: another commit came first (%s); merging again "
+                    "(attempt %d)",
+                    batch_id,
+                    name,
+                    first,
+                    attempt + 1,
+                )
+                continue
+            already = typed.num_rows - int(metrics.get("num_target_rows_inserted", 0))
+            self._already += already
+            if already:
+                logger.info(
+                    "batch %d, table %s: %d of %d row(s) already landed by another member",
+                    batch_id,
+                    name,
+                    already,
+                    typed.num_rows,
+                )
+            return True
+        raise AssertionError("unreachable")
+
+
+def merge_predicate(name: str, table: pa.Table) -> str:
+    """The merge's condition for table `name`: the identity's columns equal, and, where every
+    row of the batch has it, the pruning column (`PRUNED_BY`) within the batch's range, so that
+    the merge reads only the files that can hold a row of the batch. A row equal on the identity
+    has the same pruning value (the same read), so the range never hides one."""
+    names = table.schema.names
+    try:
+        identity = IDENTITY[name]
+    except KeyError:
+        raise ValueError(f"no identity known for table {name!r}") from None
+    missing = [column for column in identity if column not in names]
+    if missing:
+        raise ValueError(f"table {name!r} lacks its identity column(s) {missing}")
+    terms = [f"t.{column} = s.{column}" for column in identity]
+    column = PRUNED_BY.get(name)
+    if column in names and table.num_rows and not table.column(column).null_count:
+        low, high = pc.min_max(table.column(column)).values()
+        terms += [f"t.{column} >= {_literal(low)}", f"t.{column} <= {_literal(high)}"]
+    return " AND ".join(terms)
+
+
+def _literal(value: pa.Scalar) -> str:
+    """A timestamp scalar as a SQL literal DataFusion reads back to the microsecond."""
+    if not pa.types.is_timestamp(value.type):
+        raise ValueError(f"cannot prune on a {value.type} column")
+    micros = value.cast(pa.timestamp("us", tz="UTC")).value
+    return f"arrow_cast({micros}, 'Timestamp(Microsecond, Some(\"UTC\"))')"
+
+
+class TablesOfAnotherGroup(ValueError):
+    """A table at the tables directory belongs to another shared group, or to one while this
+    gateway is alone (or alone while this gateway is in a group): the daemon does not start."""
+
+
+def check_group(tables_dir: Path, group: str | None) -> list[str]:
+    """Refuse tables that are not this gateway's to land in (`TablesOfAnotherGroup`, naming the
+    table, its group and this gateway's), before anything is written: a member of `group`
+    (`{group}-{environment}`, None for a gateway alone) lands only into tables of that group or
+    into tables it makes; a gateway alone never into a group's, whose members land by merges
+    while its appends would not conflict with them. A group member adopts the tables a gateway
+    alone left there (a group scaling out from one gateway keeps its table); their names."""
+    from deltalake import DeltaTable
+
+    adopted = []
+    for name in TABLES:
+        path = table_path(str(tables_dir), name)
+        if not is_delta_table(path):
+            continue
+        table = DeltaTable(path)
+        owner = table.metadata().configuration.get(GROUP_OF)
+        if owner == group:
+            continue
+        if owner is None:
+            table.alter.set_table_properties({GROUP_OF: group}, raise_if_not_exists=False)
+            adopted.append(name)
+            logger.warning(
+                "Delta table %s: landed by a gateway alone until now, from now on by the "
+                "members of group %s (insert-if-absent merges); a gateway alone must not "
+                "write it any more",
+                path,
+                group,
+            )
+            continue
+        if group is None:
+            raise TablesOfAnotherGroup(
+                f"{path} is the table of shared group {owner!r}, whose members land it by "
+                "merges; this gateway has no [source] shared_subscription_group. Join the "
+                "group (its shared_subscription_group and environment_id), or give this "
+                "gateway a [spark] tables_dir of its own"
+            )
+        raise TablesOfAnotherGroup(
+            f"{path} is the table of shared group {owner!r}, and this gateway is a member of "
+            f"{group!r}: each environment's group lands into tables of its own. Check [source] "
+            "environment_id and shared_subscription_group, or give this group a [spark] "
+            "tables_dir of its own"
+        )
+    return adopted
 
 
 class TableWriter:

@@ -36,6 +36,7 @@ from actors.supervisor import ActorCrashed, Supervisor
 from persistence.database import SchemaTooNew, check_versions
 from persistence.permissions import private_directory
 from persistence.storage_faults import corrupt_files
+from spark.location import local_path
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,9 @@ EXIT_SCHEMA_TOO_NEW = 2
 # Delta Lake's jars are not installed and this configuration needs a Spark session (`landing =
 # "spark"`): an install problem that no restart mends (`make` fetches them).
 EXIT_NOT_INSTALLED = 2
+# The tables directory holds another shared group's tables, or a group's while this gateway is
+# alone (spark.tables.check_group): a configuration problem, which no restart mends.
+EXIT_TABLES_OF_ANOTHER_GROUP = 2
 
 
 def configure_logging(level: str) -> None:
@@ -246,6 +250,25 @@ class Gateway:
             )
         return bool(moved)
 
+    def _check_group(self) -> str | None:
+        """Why the tables on this disk are not this gateway's to land into (None: they are):
+        its group's, or, alone, no group's (spark.tables.check_group; remote tables are the
+        cluster's). Tables that do not exist yet are the writer's to make, marked."""
+        tables = local_path(self.config.tables_path)
+        if tables is None or not any(tables.glob("*/_delta_log")):
+            return None  # without importing pyarrow and delta-rs: the writer does, in its thread
+        from spark.tables import TablesOfAnotherGroup, check_group
+
+        try:
+            adopted = check_group(tables, self.config.group_tables)
+        except TablesOfAnotherGroup as error:
+            return str(error)
+        if adopted:
+            log.info(
+                "tables %s are group %s's from now on", ", ".join(adopted), self.config.group_tables
+            )
+        return None
+
     def run(self) -> int:
         cfg = self.config.gateway
         budget = RestartBudget(cfg.max_restarts, cfg.restart_window_seconds)
@@ -256,6 +279,10 @@ class Gateway:
         except SchemaTooNew as error:
             log.critical("not starting: %s", error)
             return EXIT_SCHEMA_TOO_NEW
+        refused = self._check_group()
+        if refused is not None:
+            log.critical("not starting: %s", refused)
+            return EXIT_TABLES_OF_ANOTHER_GROUP
         if not self.config.spark.lands_with_arrow:
             # The writer would start its Spark session in a restart loop; say it once, now.
             from spark.session import DeltaJarsMissing, delta_jars

@@ -534,6 +534,20 @@ def _landing(snapshot: dict) -> Iterator[Metric]:
             sink, _, reason = key.partition("/")
             family.add_metric([sink, reason], count)
         yield family
+    group = snapshot.get("group")
+    if group is not None:
+        yield _counter(
+            "fxgate_group_rows_already_landed",
+            "Reads of this member's batches that another member of its shared group had landed "
+            "in the group's table first (a broker gave them to both); the merge skipped them.",
+            group.get("already_landed", 0),
+        )
+        yield _counter(
+            "fxgate_group_merges_retried",
+            "Merges into the group's table that lost a commit race to another member (or to a "
+            "maintenance claim) and were merged again.",
+            group.get("merges_retried", 0),
+        )
     spark = snapshot.get("spark")
     if spark is not None:
         yield _gauge(
@@ -562,6 +576,11 @@ def _landing(snapshot: dict) -> Iterator[Metric]:
             "fxgate_compaction_files_compacted",
             "Small data files OPTIMIZE replaced with larger ones.",
             compaction.get("files_compacted", 0),
+        )
+        yield _counter(
+            "fxgate_compaction_optimizes_lost",
+            "OPTIMIZEs skipped because another member of the shared group committed first.",
+            compaction.get("optimizes_lost", 0),
         )
         yield _counter(
             "fxgate_compaction_files_vacuumed",

@@ -113,6 +113,8 @@ def collect_status(config: Config, now: float | None = None) -> dict:
         "daemon": daemon,
         "ledger": ledger,
         "tables": _tables(config.spark.tables_path(config.gateway.data_path)),
+        "group_tables": config.group_tables,
+        "member": config.identity.client_id,
         "data_dir": str(config.gateway.data_path),
         "corrupt_files": corrupt,
         "readers": readers,
@@ -254,11 +256,22 @@ def format_status(report: dict) -> str:
         lines.append("ledger:     none yet")
     lines.extend(_reader_lines(report))
     tables = report["tables"]
+    group = report.get("group_tables")
+    whose = f"group {group}'s, shared by its members: " if group else ""
     lines.append(
-        f"tables:     not counted: {tables['unreadable']}"
+        f"tables:     {whose}not counted: {tables['unreadable']}"
         if tables.get("unreadable")
-        else f"tables:     reads {tables['reads']} rows, dead_letters {tables['dead_letters']} rows"
+        else f"tables:     {whose}reads {tables['reads']} rows, "
+        f"dead_letters {tables['dead_letters']} rows"
     )
+    share = daemon.get("group") if daemon.get("running") else None
+    if share:
+        lines.append(
+            f"this member: {share['member']} landed {share['rows_landed']} row(s) since its "
+            f"start; {share['already_landed']} more of its reads were in the table already "
+            f"(another member landed them); {share['merges_retried']} merge(s) lost a commit "
+            "race and were merged again"
+        )
     return "\n".join(lines)
 
 

@@ -878,6 +878,13 @@ class Config(BaseModel):
     def tables_path(self) -> Path | str:
         return self.spark.tables_path(self.gateway.data_path)
 
+    @property
+    def group_tables(self) -> str | None:
+        """The shared group whose tables this gateway lands into with the group's other members
+        (`{group}-{environment}`, DESIGN §7.12), or None for a gateway alone."""
+        group = self.source.shared_subscription_group
+        return f"{group}-{self.identity.environment_id}" if group else None
+
     def warnings(self) -> list[str]:
         """What loads but changes what an operator may expect, one line each, for the log."""
         warnings = []
@@ -1153,10 +1160,35 @@ def load_config(
         ):
             errors.extend(_loop_errors(source, upstream, routes, identity.environment_id))
 
+    spark = sections.get("spark")
+    if isinstance(source, SourceConfig) and isinstance(spark, SparkConfig):
+        errors.extend(_group_errors(source, spark))
+
     if errors or identity is None:
         raise ConfigError(errors)
     sections.setdefault("upstream", None)
     return Config(**sections, routes=routes, identity=identity)
+
+
+def _group_errors(source: SourceConfig, spark: SparkConfig) -> list[str]:
+    """A shared group's members land into one table by delta-rs merges (DESIGN §7.12), which
+    run in the daemon's process on tables it reaches as files."""
+    group = source.shared_subscription_group
+    if not group or spark.lands_with_arrow:
+        return []
+    why = (
+        'landing = "spark"'
+        if spark.landing == "spark"
+        else f"master = {spark.master!r}"
+        if not is_local_master(spark.master)
+        else f"tables_dir = {spark.tables_dir!r} is not on this machine's disk"
+    )
+    return [
+        f"source.shared_subscription_group = {group!r}: the members of a shared group land "
+        "into the group's one table by delta-rs merges in the daemon, which needs a local "
+        f'master, landing = "auto" and a local tables_dir ({why}); a Spark landing would '
+        "append, and the group's table would hold the reads a broker gives two members twice"
+    ]
 
 
 def _validate_routes(

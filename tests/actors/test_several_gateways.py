@@ -1,5 +1,6 @@
-"""Several gateways in one environment: one shared subscription, every read landed once by the
-group, every read landed once by a gateway of another environment too.
+"""Several gateways in one environment: one shared subscription, one table per environment that
+every member lands into (DESIGN §7.12), every read landed once by the group, and once by a
+gateway of another environment too.
 
 What the broker does with the share of a member that is down is a mosquitto 2.0.11 fact, kept
 here as tests with plain paho members (no JVM needed): it queues the share for that member's live
@@ -266,8 +267,18 @@ class Gateway:
     data: Path
     daemon: DaemonProcess | None = None
 
+    @property
+    def tables(self) -> Path:
+        """Where this gateway lands: its group's tables (`[spark] tables_dir`), else its own."""
+        shared = self.env.get("FXGATE__SPARK__TABLES_DIR")
+        return Path(shared) if shared else self.data / "tables"
 
-def member_env(broker, data: Path, environment: str, instance: str) -> dict[str, str]:
+
+def member_env(
+    broker, data: Path, environment: str, instance: str, tables: Path | None = None
+) -> dict[str, str]:
+    """A member of `environment`'s group; `tables`: the group's tables, shared by its members
+    (unset: the member's own, `<data>/tables`)."""
     return {
         **gateway_env(broker, data),
         "FXGATE__SOURCE__ENVIRONMENT_ID": environment,
@@ -275,7 +286,18 @@ def member_env(broker, data: Path, environment: str, instance: str) -> dict[str,
         "FXGATE__SOURCE__SHARED_SUBSCRIPTION_GROUP": GROUP,
         "FXGATE__SOURCE__RECONNECT_MIN_DELAY_SECONDS": "0.2",
         "FXGATE__SOURCE__RECONNECT_MAX_DELAY_SECONDS": "2.0",
+        **({"FXGATE__SPARK__TABLES_DIR": str(tables)} if tables is not None else {}),
     }
+
+
+def shares(tables: Path) -> dict[str, int]:
+    """Rows of the group's `reads` per member that landed them (`landed_by`)."""
+    from collections import Counter
+
+    from spark.tables import LANDED_BY, READS, read_table_arrow
+
+    table = read_table_arrow(tables, READS)
+    return dict(Counter(table.column(LANDED_BY).to_pylist())) if table.num_rows else {}
 
 
 class Publishing:
@@ -343,7 +365,11 @@ def test_two_gateways_of_one_environment_and_one_of_another_each_land_every_read
     kill_at = sorted(rng.sample(range(total // 10, total * 85 // 100), KILLS))
     gateways = {
         name: Gateway(
-            name, member_env(mosquitto, tmp_path / name, environment, name), tmp_path / name
+            name,
+            member_env(
+                mosquitto, tmp_path / name, environment, name, tmp_path / f"tables-{environment}"
+            ),
+            tmp_path / name,
         )
         for name, environment in (("a1", "env-a"), ("a2", "env-a"), ("b1", "env-b"))
     }
@@ -383,10 +409,11 @@ def test_two_gateways_of_one_environment_and_one_of_another_each_land_every_read
     environment_b = [gateways["b1"]]
     for members_of_one in (environment_a, environment_b):
         pairs = [(gateway.daemon, gateway.data) for gateway in members_of_one]
+        tables = members_of_one[0].tables
         try:
-            wait_until_landed_union(pairs, len(expected), timeout=300)
+            wait_until_landed_union(pairs, len(expected), timeout=300, tables=tables)
         except AssertionError as stalled:
-            found = compare(expected, union_of_arrow(members_of_one))
+            found = compare(expected, landed_ids_arrow(tables)[0])
             raise AssertionError(f"{found.lines()}\n{stalled}") from None
     for gateway in gateways.values():
         if gateway.daemon in restarted:
@@ -396,21 +423,17 @@ def test_two_gateways_of_one_environment_and_one_of_another_each_land_every_read
         assert gateway.daemon.terminate() == 0, gateway.daemon.output()
         assert gateway.daemon.alive_spawned() == []
 
-    shares = {
-        gateway.name: len(landed_ids_arrow(gateway.data / "tables")[0]) for gateway in environment_a
-    }
-    print(f"environment A shares: {shares}; environment B: {len(union_of_arrow(environment_b))}")
-    # Both members took part: the subscription was shared, not taken whole by one of them.
-    assert all(rows > 0 for rows in shares.values()), shares
+    landed_by = shares(gateways["a1"].tables)
+    print(f"A's table by member: {landed_by}; B's: {shares(gateways['b1'].tables)}")
+    # Both members took part, into the one table: the subscription was shared, not taken whole
+    # by one of them.
+    assert set(landed_by) == {"fxgate-env-a-a1", "fxgate-env-a-a2"}, landed_by
+    assert all(rows > 0 for rows in landed_by.values()), landed_by
     for members_of_one in (environment_a, environment_b):
-        plain = compare(expected, union_of_arrow(members_of_one))
+        tables = members_of_one[0].tables
+        plain = compare(expected, landed_ids_arrow(tables)[0])
         assert plain.exact, plain.lines()
-        ids: list[str] = []
-        readers: list[str] = []
-        for gateway in members_of_one:
-            more_ids, more_readers = landed_ids_spark(spark_session, gateway.data / "tables")
-            ids += more_ids
-            readers += more_readers
+        ids, readers = landed_ids_spark(spark_session, tables)
         through_spark = compare(expected, ids, readers)
         assert through_spark.exact, through_spark.lines()
         assert through_spark.per_reader == {
@@ -419,11 +442,36 @@ def test_two_gateways_of_one_environment_and_one_of_another_each_land_every_read
         }
 
 
-def union_of_arrow(members_of_one: list[Gateway]) -> list[str]:
-    ids: list[str] = []
-    for gateway in members_of_one:
-        ids += landed_ids_arrow(gateway.data / "tables")[0]
-    return ids
+@pytest.mark.broker
+def test_a_gateway_pointed_at_another_environments_table_is_refused_at_start(
+    mosquitto, daemon_factory, tmp_path
+):
+    """Each environment's group lands into its own table: a member configured for env-b whose
+    tables_dir holds env-a's tables stops at start (exit 2) and names both groups; so does a
+    gateway alone. Nothing is written to the table."""
+    from deltalake import DeltaTable
+
+    from spark.tables import READS, GroupTableWriter, table_path
+    from tests.spark.test_group_tables import reads
+
+    tables = tmp_path / "tables-env-a"
+    GroupTableWriter(
+        None, tables, "fxgate-ledger-a1", group=f"{GROUP}-env-a", member="fxgate-env-a-a1"
+    ).write_batch(1, {READS: reads(range(5))})
+    version = DeltaTable(table_path(str(tables), READS)).version()
+
+    stranger = daemon_factory(member_env(mosquitto, tmp_path / "b1", "env-b", "b1", tables))
+    assert stranger.proc.wait(60) == 2, stranger.output()
+    stranger.wait_for_log(
+        r"not starting: .*reads is the table of shared group 'fxgate-env-a', and this gateway "
+        r"is a member of 'fxgate-env-b'"
+    )
+    alone = daemon_factory(
+        {**gateway_env(mosquitto, tmp_path / "c1"), "FXGATE__SPARK__TABLES_DIR": str(tables)}
+    )
+    assert alone.proc.wait(60) == 2, alone.output()
+    alone.wait_for_log(r"not starting: .*has no \[source\] shared_subscription_group")
+    assert DeltaTable(table_path(str(tables), READS)).version() == version
 
 
 @pytest.mark.broker

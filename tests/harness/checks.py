@@ -58,21 +58,27 @@ def wait_until_landed(
 _TURN_SECONDS = 1.0
 
 
-def wait_until_landed_union(gateways, expected: int, timeout: float = 240.0) -> None:
+def wait_until_landed_union(
+    gateways, expected: int, timeout: float = 240.0, tables: Path | None = None
+) -> None:
     """Wait until the tables of several gateways together hold `expected` rows and none of their
-    ledgers has anything pending or a batch open: the members of one shared group each land only
-    their share. `gateways` holds (daemon, data dir) pairs; a 'batch written' line of the daemon
-    whose turn it is re-checks at once. Fails at once when a daemon has exited."""
+    ledgers has anything pending or a batch open: the members of one shared group each land their
+    share, into `tables` when they share that one (DESIGN §7.12), else each into its own.
+    `gateways` holds (daemon, data dir) pairs; a 'batch written' line of the daemon whose turn it
+    is re-checks at once. Fails at once when a daemon has exited."""
     deadline = time.monotonic() + timeout
     for daemon, _ in gateways:
         daemon.wait_for_log(r"fxgate started", timeout=max(deadline - time.monotonic(), 0.1))
     turn = 0
     while True:
         marks = [daemon.mark() for daemon, _ in gateways]
-        states = [settled(data) for _, data in gateways]
-        if sum(state[0] for state in states) == expected and all(
-            state[1:] == (0, 0) for state in states
-        ):
+        states = [settled(data, tables) for _, data in gateways]
+        rows = (
+            sum(state[0] for state in states)
+            if tables is None
+            else read_table_arrow(tables, READS).num_rows
+        )
+        if rows == expected and all(state[1:] == (0, 0) for state in states):
             return
         remaining = deadline - time.monotonic()
         ended = [data.name for daemon, data in gateways if daemon.proc.poll() is not None]

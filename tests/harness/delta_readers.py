@@ -566,6 +566,25 @@ def delta_readers(
             reader.reap(stop_timeout)
 
 
+def read_once(
+    engine: str,
+    table: str | Path,
+    work_dir: Path,
+    *,
+    key: str = DEFAULT_KEY,
+    timeout: float = 240.0,
+) -> dict[str, object]:
+    """One read of `table` through `engine` in a process of its own (this module's command
+    line), with its keys: what a user of that engine would see now. Fails on a read that raised
+    or a reader that did not end in time (it is killed by PID, with what it spawned)."""
+    with delta_readers([engine], table, work_dir, key=key, with_keys=True) as readers:
+        reader = readers[engine]
+        reader.wait_ready(timeout)
+        record = reader.wait_for_read_started_after(0.0, timeout)
+    assert "error" not in record, record
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m tests.harness.delta_readers", description=__doc__.split("\n\n")[0]
