@@ -8,21 +8,22 @@ between two present ones is a read that was made and never landed.
 
 The rules are spark/gaps.py's (DESIGN §7.9); here they run over whole tables, in Spark:
 
-- **Order** per reader and tables directory: the ledger `seq` (arrival order at that gateway),
-  then `event_num`; rows of partitions written before `seq` existed (null there) come first, by
-  `received_time`.
+- **Order** per reader and gateway: the ledger `seq` (arrival order at that gateway), then
+  `event_num`; rows of partitions written before `seq` existed (null there) come first, by
+  `received_time`. A gateway is a tables directory, or, in a shared group's one table (DESIGN
+  §7.12), a member (`landed_by`): each member's `seq` is its own ledger's.
 - **Epochs**: each number is compared with the one before it in that order; a drop of more than
   half starts a new epoch (a counter reset), and gaps are sought within an epoch only. Over
-  several directories (the gateways of one shared group each land their share in their own)
-  each finds the resets in its own exact order, and the directories' epochs are put on one count
-  by when each gateway first saw the reader (`spark.gaps.epoch_offsets`); the numbers of an
-  epoch are then the union of every directory's. Interleaving the gateways' reads by
-  `received_time` instead, and applying the rule to that, was tried and made false resets: two
-  gateways of one group on one machine took reads 1..100 of a reader published flat out, and one
-  stamped 48 60 ms after the other had stamped 98 (its own latency, not the reader's order):
-  98 then 48 is a drop of more than half, and the audit reported a reset and 33 false gaps. A
-  clock only orders reads as well as its gateway's latency allows, which is poorly for a
-  counter that is still small (after every reader reboot).
+  several gateways (the members of a shared group land their shares into one table; several
+  directories are several gateways too) each finds the resets in its own exact order, and the
+  gateways' epochs are put on one count by when each first saw the reader
+  (`spark.gaps.epoch_offsets`); the numbers of an epoch are then the union of every gateway's.
+  Interleaving the gateways' reads by `received_time` instead, and applying the rule to that, was
+  tried and made false resets: two gateways of one group on one machine took reads 1..100 of a
+  reader published flat out, and one stamped 48 60 ms after the other had stamped 98 (its own
+  latency, not the reader's order): 98 then 48 is a drop of more than half, and the audit reported
+  a reset and 33 false gaps. A clock only orders reads as well as its gateway's latency allows,
+  which is poorly for a counter that is still small (after every reader reboot).
 - **Missing**: within an epoch, the numbers between two present ones that are absent, as
   inclusive ranges, one per run.
 - **Duplicates**: a number present more than once in an epoch, with the same content (epc,
@@ -31,8 +32,9 @@ The rules are spark/gaps.py's (DESIGN §7.9); here they run over whole tables, i
   readers publishing under one reader id).
 - Rows without an eventNum are counted (`without_event_num`) and otherwise not audited.
 
-Only the union of a shared group's tables directories is the reader's whole stream: audited
-alone, each gateway's table has the other gateways' shares as gaps. The work is a few Spark jobs
+A shared group's one table is the reader's whole stream (every member lands its share into it);
+a table of one gateway of a group that lands apart would have the other gateways' shares as
+gaps, so such tables are audited together (several directories). The work is a few Spark jobs
 (one window sort per reader's rows); what comes back to Python is one row per reader and epoch
 and one per gap, never the reads themselves.
 
@@ -82,7 +84,10 @@ CONTENT = ("epc", "antenna", "event_time", "peak_rssi", "channel", "phase")
 # How many missing ranges a text line shows per reader before "...".
 SHOWN_RANGES = 5
 
+# The gateway a row came from: its tables directory's index, and in a group's table the member
+# that landed it (spark.tables.LANDED_BY), whose ledger `seq` orders it.
 _DIR = "_dir"
+LANDED_BY = "landed_by"
 _EPOCH = "_epoch"
 _PREVIOUS = "_previous"
 _RESET = "_reset"
@@ -279,9 +284,17 @@ def read_reads(session: SparkSession, tables_dir: Location) -> DataFrame | None:
     lacking = sorted(set(REQUIRED) - set(df.columns))
     if lacking:
         raise AuditError(f"{path} is not a reads table: no column {', '.join(lacking)}")
+    return _audit_columns(df)
+
+
+def _audit_columns(df: DataFrame) -> DataFrame:
+    """The audit's columns of a reads or reader_events table: REQUIRED, OPTIONAL (null where
+    the table lacks one), and `landed_by` where the table has it (a group's)."""
     columns = {name: F.col(name).cast(kind) for name, kind in REQUIRED.items()}
     for name, kind in OPTIONAL.items():
         columns[name] = (F.col(name) if name in df.columns else F.lit(None)).cast(kind)
+    if LANDED_BY in df.columns:
+        columns[LANDED_BY] = F.col(LANDED_BY).cast("string")
     return df.select(*(column.alias(name) for name, column in columns.items()))
 
 
@@ -292,12 +305,7 @@ def read_numbered_reader_events(session: SparkSession, tables_dir: Location) -> 
     df = _read_delta(session, path)
     if df is None or "event_num" not in df.columns:
         return None
-    columns = {name: F.col(name).cast(kind) for name, kind in REQUIRED.items()}
-    for name, kind in OPTIONAL.items():
-        columns[name] = (F.col(name) if name in df.columns else F.lit(None)).cast(kind)
-    return df.where(F.col("event_num").isNotNull()).select(
-        *(column.alias(name) for name, column in columns.items())
-    )
+    return _audit_columns(df.where(F.col("event_num").isNotNull()))
 
 
 def _read_delta(session: SparkSession, path: str) -> DataFrame | None:
@@ -321,18 +329,28 @@ def audit_tables(
     `audit_frame`; and the rows scanned (`rows`) and readers found (`readers`)."""
     if not tables_dirs:
         raise ValueError("no tables directory to audit")
-    several = len(tables_dirs) > 1
-    progress.expect(len(tables_dirs) + audit_steps(several))
+    progress.expect(len(tables_dirs) + audit_steps(True))
     frames = []
+    grouped = False  # a shared group's table: its rows come from several gateways
     for index, tables_dir in enumerate(tables_dirs):
         progress.advance(0, note=f"opening {tables_dir}")
-        df = read_reads(session, tables_dir)
-        if df is not None:
-            frames.append(df.withColumn(_DIR, F.lit(index)))
-        events = read_numbered_reader_events(session, tables_dir)
-        if events is not None:
-            frames.append(events.withColumn(_DIR, F.lit(index)))
+        for df in (
+            read_reads(session, tables_dir),
+            read_numbered_reader_events(session, tables_dir),
+        ):
+            if df is None:
+                continue
+            grouped = grouped or LANDED_BY in df.columns
+            gateway = (
+                F.coalesce(F.col(LANDED_BY), F.lit("")) if LANDED_BY in df.columns else F.lit("")
+            )
+            frames.append(
+                df.withColumn(_DIR, F.concat_ws("/", F.lit(str(index)), gateway)).drop(LANDED_BY)
+            )
         progress.advance(1)
+    several = len(tables_dirs) > 1 or grouped
+    if not several:
+        progress.expect(len(tables_dirs) + audit_steps(several))
     names = tuple(str(tables_dir) for tables_dir in tables_dirs)
     if not frames:
         progress.advance(audit_steps(several))
@@ -361,7 +379,7 @@ def audit_frame(
     started = time.perf_counter()
     reads = reads.withColumn("reader_id", F.coalesce(F.col("reader_id"), F.lit("")))
     if _DIR not in reads.columns:
-        reads = reads.withColumn(_DIR, F.lit(0))
+        reads = reads.withColumn(_DIR, F.lit("0"))
     progress.advance(0, note="counting the rows of each reader")
     counts = {
         row["reader_id"]: (row["received"], row["without"])
@@ -512,7 +530,7 @@ def _aligned(numbered: DataFrame) -> DataFrame:
     if not shifts:
         return numbered
     offsets = numbered.sparkSession.createDataFrame(
-        shifts, f"reader_id string, {_DIR} int, {_OFFSET} int"
+        shifts, f"reader_id string, {_DIR} string, {_OFFSET} int"
     )
     return (
         numbered.join(F.broadcast(offsets), ["reader_id", _DIR], "left")

@@ -499,8 +499,8 @@ class GroupTableWriter(ArrowTableWriter):
     application id has the batch already), add any new column, then merge: rows whose identity
     (`IDENTITY`) is not in the table are inserted, in one commit carrying (application id, batch
     id). A merge that loses a commit race is merged again from the new snapshot, up to
-    `MERGE_ATTEMPTS` times; `take_merge_counts` says how many were, and how many rows another
-    member had landed first.
+    `MERGE_ATTEMPTS` times; `take_merge_counts` says how many were, and how many reads (rows of
+    `reads`) another member had landed first.
     """
 
     def __init__(
@@ -528,6 +528,7 @@ class GroupTableWriter(ArrowTableWriter):
         return {GROUP_OF: self._group}
 
     def take_merge_counts(self) -> tuple[int, int]:
+        """(merges retried, reads another member had landed) since the last call."""
         counts = self._retries, self._already
         self._retries = self._already = 0
         return counts
@@ -588,7 +589,8 @@ class GroupTableWriter(ArrowTableWriter):
                 )
                 continue
             already = typed.num_rows - int(metrics.get("num_target_rows_inserted", 0))
-            self._already += already
+            if name == READS:
+                self._already += already
             if already:
                 logger.info(
                     "batch %d, table %s: %d of %d row(s) already landed by another member",

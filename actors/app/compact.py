@@ -6,7 +6,9 @@ the daemon maintains its tables between its own writes: the command leaves it a 
 Otherwise it runs the pass itself (spark/maintenance.py): OPTIMIZE, VACUUM, checkpoints and log
 clean-up, each a Delta commit or a deletion no snapshot within the retention needs, so it takes
 no lock of the readers and no ledger state. With the tables on this disk it starts no JVM; for
-remote tables (a cluster's HDFS or S3) it runs the pass through delta-spark.
+remote tables (a cluster's HDFS or S3) it runs the pass through delta-spark. A shared group's
+members hold no writer lock (DESIGN §7.12): beside them the command runs its pass itself, each
+OPTIMIZE claimed as theirs are.
 """
 
 from __future__ import annotations
@@ -74,6 +76,11 @@ def compact_tables(config: Config, progress: ProgressReporter | None = None) -> 
             checkpoint=crash_point,
             soon=lambda name: crash_soon(name, delay=MAINTENANCE_CRASH_DELAY),
             properties=config.compaction.table_properties(),
+            # A shared group's members maintain its tables while they run, with no lock between
+            # them: the command claims each OPTIMIZE as they do (spark/maintenance.py).
+            claim=None
+            if config.group_tables is None
+            else f"{config.identity.client_id} (fxgate compact)",
         )
         with progress.start("compact", unit="tables", counts=("files", "vacuumed")):
             result = maintainer.run(time.time(), progress)

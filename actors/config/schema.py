@@ -363,9 +363,12 @@ class SourceConfig(_BrokerSection):
     # (tests/actors/test_mosquitto_facts.py), hence plain by default.
     shared_subscription_group: Annotated[str, AfterValidator(_group_name)] = ""
     """Subscribe as `$share/{group}-{environment}/{filter}`, so that the gateways of one
-    environment split the reads between them. Empty: a plain subscription. mosquitto 2.0.11
-    forgets shared subscriptions when it restarts and drops the reads published before the
-    gateways subscribe again; a plain subscription of a persistent session survives."""
+    environment split the reads between them. Empty: a plain subscription. The members land
+    into the group's one table: give them all the same `spark.tables_dir`; each batch is an
+    insert-if-absent merge, so a read the broker gives two members is there once, and a
+    member refuses to start on another group's tables. mosquitto 2.0.11 forgets shared
+    subscriptions when it restarts and drops the reads published before the gateways subscribe
+    again; a plain subscription of a persistent session survives."""
     subscribe_topics: Annotated[
         tuple[TopicFilter, ...], BeforeValidator(_list_as_tuple), Field(min_length=1)
     ] = ("zebra/fx/+/reads",)
@@ -672,7 +675,8 @@ class SparkConfig(_Section):
     """Where the tables live. Unset: `<data_dir>/tables`. A local path (relative to the working
     directory), a `file:` URI, or a URI the whole cluster reaches (`hdfs://namenode:8020/fxgate`,
     `s3a://bucket/fxgate`). Credentials never go in the URI: give them in `[spark.conf]` or the
-    environment."""
+    environment. The members of a `source.shared_subscription_group` share one: the group's
+    tables, on this machine's disk (landed by delta-rs merges in the daemon)."""
     # A Spark job costs ~0.1 s fixed with landing = "spark", hence tens of packs per commit (§4).
     batch_max_rows: int = Field(20000, ge=1)
     """Rows are appended in one Delta commit per table per batch, written when this many rows
@@ -985,6 +989,10 @@ class Config(BaseModel):
                 f"{spark.backlog_high_messages}/{spark.backlog_low_messages} rows, "
                 f"extra conf keys: {conf_keys}"
             ),
+            f"tables {self.tables_path} shared by the members of group {self.group_tables}: each "
+            "batch an insert-if-absent merge, maintenance claimed, no writer lock"
+            if self.group_tables
+            else f"tables {self.tables_path} this gateway's alone: plain appends, writer lock",
         ]
         return lines
 

@@ -8,9 +8,25 @@ DISCONNECT reasons, held acks) and read back what the broker got (`received`, `p
 Enough of MQTT 5 for a paho 2.2 client: CONNECT, PUBLISH at QoS 0/1/2 both ways, SUBSCRIBE,
 UNSUBSCRIBE, PINGREQ, DISCONNECT. Not a broker: no retained messages, no wills, no keep-alive
 enforcement, no topic aliases, no AUTH, no load balancing of shared groups (`$share/g/f` matches
-like `f`, and every member gets a copy), and nothing queued for offline clients. The only session
-state kept across connections is the set of QoS 2 packet ids awaiting PUBREL (§4.3.3), so a PUBREL
-re-sent after a reconnect to a session the CONNACK said is present completes normally.
+like `f`, and every member gets a copy; `publish_to_clients(..., client_id=...)` plays the
+dispatch by sending to one member only), and nothing queued for offline clients unless a test
+queues it (`queue_for_session`). A session is kept per client id across its connections, and
+discarded by a CONNECT with clean start or whose CONNACK says no session is present, or by
+`expire_session`. It holds the QoS 2 packet ids awaiting PUBREL (§4.3.3), so that a PUBREL re-sent
+after a reconnect to a session the CONNACK said is present completes normally; the client's
+subscriptions; the PUBLISHes sent to it and not acknowledged (in flight); and what a test queued
+for it. Delivery still follows each connection's own SUBSCRIBEs, and a session the CONNACK says
+is present gets none of its in-flight or queued messages re-sent on its own: a test scripts that
+with `packet_id` and `dup`.
+
+It can play EMQX 5 ending the session of a shared group's member (DESIGN §4, "Shared
+subscriptions when a member dies"): EMQX keeps a disconnected member's share queued for its
+session, and when that session *expires* (emqx_session_mem:terminate ->
+redispatch_shared_messages) gives its QoS 1 in-flight messages, oldest first, then its queued
+ones to the other members of the share (emqx_shared_sub:redispatch; never a QoS 2 message in
+flight, MQTT-4.8.2-5: it was maybe delivered, and only that client may complete it; never QoS 0;
+never what came through a plain filter). `expire_session` does that, round robin over the other
+members (EMQX 5's default `mqtt.shared_subscription_strategy`, per its documentation).
 
 Towards clients it can also play a broker that re-sends on a *live* connection, as EMQX does every
 `retry_interval` (DESIGN §4, other brokers): `publish_to_clients` takes a chosen packet id and DUP
@@ -285,6 +301,27 @@ class Received:
     message_expiry: int | None
 
 
+@dataclass(frozen=True)
+class _Message:
+    """A PUBLISH given to a client's session: what a re-dispatch sends again."""
+
+    topic: bytes  # as it went on the wire
+    payload: bytes
+    qos: int  # the QoS it was sent (or would have been sent) with
+    share: str | None  # the `$share/{group}/{filter}` it came through; None: a plain filter
+
+
+class _Session:
+    """What the fake keeps for one client id across its connections (module docstring)."""
+
+    def __init__(self) -> None:
+        self.subscriptions: dict[str, int] = {}  # filter -> granted QoS, as last subscribed
+        # Sent to the client and not acknowledged yet (a PUBACK, a PUBCOMP or a PUBREC >= 0x80
+        # ends a flow, §4.3), by packet id, in the order they were sent.
+        self.inflight: dict[int, _Message] = {}
+        self.queued: list[_Message] = []  # given to it while it was away, never sent
+
+
 class _Connection:
     """One client socket. The reader thread alone closes `sock`; all else is under the Condition."""
 
@@ -294,14 +331,18 @@ class _Connection:
         self.client_id: str | None = None  # set by an accepted CONNECT
         self.ending = False  # we sent DISCONNECT or a refusing CONNACK: answer nothing more
         self.closed = False
+        self.session: _Session | None = None  # set by an accepted CONNECT
         self.subscriptions: dict[str, int] = {}  # filter -> granted QoS
-        self.pending: deque[tuple[int, int, int]] = deque()  # (PUBLISH or PUBREL, qos, packet id)
+        # (PUBLISH or PUBREL, qos, packet id, topic) from the client, to answer in order.
+        self.pending: deque[tuple[int, int, int, str]] = deque()
         self.outbound: dict[int, int] = {}  # our PUBLISH to the client not yet completed: id -> QoS
         self.packet_ids = itertools.cycle(range(1, 65536))
         self.thread: threading.Thread | None = None
 
     def new_packet_id(self) -> int:
-        while (packet_id := next(self.packet_ids)) in self.outbound:
+        """An id no flow of this connection, nor of its session, still uses (§2.2.1)."""
+        taken = self.session.inflight if self.session is not None else {}
+        while (packet_id := next(self.packet_ids)) in self.outbound or packet_id in taken:
             pass
         return packet_id
 
@@ -338,6 +379,8 @@ class FakeBroker:
         self._reply_filter: str | None = None
         self._held = False
         self._awaiting_pubrel: dict[str, set[int]] = {}  # session state: client id -> packet ids
+        self._sessions: dict[str, _Session] = {}  # client id -> the rest of its session state
+        self._turns: dict[str, int] = {}  # share filter -> re-dispatches so far (round robin)
         self._connections: list[_Connection] = []
         self._numbers = itertools.count(1)
         self._listener: socket.socket | None = None
@@ -432,31 +475,122 @@ class FakeBroker:
         *,
         packet_id: int | None = None,
         dup: bool = False,
+        client_id: str | None = None,
     ) -> list[tuple[str, int]]:
-        """PUBLISH to each client with a matching subscription, at min(qos, granted QoS); the
-        (client id, packet id) of each one sent. A `bytes` topic goes on the wire as it is (e.g.
-        not UTF-8, which a real broker refuses). `packet_id` and `dup` are put on the wire as
-        given (QoS 1/2 only, §3.3.1.1): the same id with `dup=True` is a re-send of a PUBLISH the
-        client has not (or not yet visibly) acknowledged."""
+        """PUBLISH to each client with a matching subscription (or only to `client_id`, as a
+        broker's dispatch gives a shared group's message to one member), at min(qos, granted
+        QoS); the (client id, packet id) of each one sent. A `bytes` topic goes on the wire as it
+        is (e.g. not UTF-8, which a real broker refuses). `packet_id` and `dup` are put on the
+        wire as given (QoS 1/2 only, §3.3.1.1): the same id with `dup=True` is a re-send of a
+        PUBLISH the client has not (or not yet visibly) acknowledged. A QoS 1/2 PUBLISH is in
+        flight in the client's session until the client acknowledges it."""
         raw = topic if isinstance(topic, bytes) else topic.encode()
         topic = raw.decode(errors="replace")
         sent: list[tuple[str, int]] = []
         with self._cond:
             for conn in self._connections:
-                granted = [g for f, g in conn.subscriptions.items() if topic_matches(f, topic)]
-                if conn.ending or not granted:
+                if conn.ending or (client_id is not None and conn.client_id != client_id):
                     continue
-                effective = min(qos, max(granted))
-                chosen = 0
-                body = encode_binary(raw)
-                if effective:
-                    chosen = packet_id if packet_id is not None else conn.new_packet_id()
-                    body += chosen.to_bytes(2, "big")
-                    conn.outbound[chosen] = effective
-                flags = effective << 1 | (0x08 if dup and effective else 0)
-                self._send(conn, encode_packet(PUBLISH, flags, body + b"\0" + payload))
+                matching = {f: g for f, g in conn.subscriptions.items() if topic_matches(f, topic)}
+                if not matching:
+                    continue
+                share = next((f for f in matching if f.startswith("$share/")), None)
+                message = _Message(raw, payload, min(qos, max(matching.values())), share)
+                chosen = self._publish(conn, message, packet_id, dup)
                 sent.append((conn.client_id, chosen))
         return sent
+
+    def queue_for_session(self, client_id: str, topic: str, payload: bytes, qos: int) -> None:
+        """Give a message to the session of `client_id` while it is disconnected, as EMQX 5
+        queues a shared group's message for the member its dispatch chose (module docstring):
+        it is sent to nobody now; `expire_session` re-dispatches it. ValueError when the client
+        is connected (a broker would send it), has no session, or has no subscription that
+        matches (nothing would have given it the message)."""
+        with self._cond:
+            session = self._offline_session(client_id)
+            matching = {f: g for f, g in session.subscriptions.items() if topic_matches(f, topic)}
+            if not matching:
+                raise ValueError(f"the session of {client_id!r} has no filter matching {topic!r}")
+            share = next((f for f in matching if f.startswith("$share/")), None)
+            session.queued.append(
+                _Message(topic.encode(), payload, min(qos, max(matching.values())), share)
+            )
+
+    def in_flight(self, client_id: str) -> list[tuple[int, int, bytes]]:
+        """(packet id, QoS, payload) of each PUBLISH sent to the session of `client_id` and not
+        acknowledged yet, in the order sent ([] without a session)."""
+        with self._cond:
+            session = self._sessions.get(client_id)
+            if session is None:
+                return []
+            return [(pid, m.qos, m.payload) for pid, m in session.inflight.items()]
+
+    def expire_session(self, client_id: str) -> list[tuple[str, int, bytes]]:
+        """End the session of the disconnected `client_id` as its Session Expiry Interval would,
+        the way EMQX 5 does (module docstring): its QoS 1 messages in flight, in the order they
+        were sent, then its queued messages (QoS 1 and 2), each to another connected member of
+        the share it came through (a client subscribed to the same `$share/...` filter), round
+        robin per share, at min(its QoS, the member's granted QoS), not DUP (it is new to that
+        member). QoS 2 in flight, QoS 0, what came through a plain filter and what finds no
+        other member are dropped with the session. The (client id, packet id, payload) of each
+        PUBLISH sent, in order. ValueError while the client is connected or without a
+        session."""
+        with self._cond:
+            session = self._offline_session(client_id)
+            del self._sessions[client_id]
+            self._awaiting_pubrel.pop(client_id, None)
+            # MQTT-4.8.2-5: a QoS 2 message in flight may have been delivered; only its client
+            # may complete it, so it never goes to another member.
+            given = [m for m in session.inflight.values() if m.qos == 1] + session.queued
+            sent: list[tuple[str, int, bytes]] = []
+            for message in given:
+                if message.share is None or message.qos == 0:
+                    continue
+                members = [
+                    conn
+                    for conn in self._connections
+                    if not conn.ending
+                    and conn.client_id not in (None, client_id)
+                    and message.share in conn.subscriptions
+                ]
+                if not members:
+                    continue
+                turn = self._turns.get(message.share, 0)
+                self._turns[message.share] = turn + 1
+                conn = members[turn % len(members)]
+                granted = conn.subscriptions[message.share]
+                redispatched = _Message(
+                    message.topic, message.payload, min(message.qos, granted), message.share
+                )
+                sent.append((conn.client_id, self._publish(conn, redispatched), message.payload))
+            log.debug("fake broker: session of %s expired, %d re-dispatched", client_id, len(sent))
+            self._cond.notify_all()
+            return sent
+
+    def _offline_session(self, client_id: str) -> _Session:
+        if any(c.client_id == client_id for c in self._connections):
+            raise ValueError(f"{client_id!r} is connected: its session does not expire")
+        session = self._sessions.get(client_id)
+        if session is None:
+            raise ValueError(f"{client_id!r} has no session")
+        return session
+
+    def _publish(
+        self, conn: _Connection, message: _Message, packet_id: int | None = None, dup: bool = False
+    ) -> int:
+        """Send `message` at its QoS; at QoS 1/2 it is in flight in the connection and its
+        session from now on. The packet id (0 at QoS 0)."""
+        chosen = 0
+        body = encode_binary(message.topic)
+        if message.qos:
+            chosen = packet_id if packet_id is not None else conn.new_packet_id()
+            body += chosen.to_bytes(2, "big")
+            conn.outbound[chosen] = message.qos
+            if conn.session is not None:
+                conn.session.inflight[chosen] = message
+        flags = message.qos << 1 | (0x08 if dup and message.qos else 0)
+        self._send(conn, encode_packet(PUBLISH, flags, body + b"\0" + message.payload))
+        return chosen
 
     def pubrel_to_clients(self, packet_id: int, client_id: str | None = None) -> list[str]:
         """Send PUBREL `packet_id` to every connected client (or only `client_id`), whatever
@@ -582,8 +716,11 @@ class FakeBroker:
             reader.properties()
             codes = bytearray()
             while reader.remaining():
-                # 0x11: No subscription existed (§3.11.3).
-                codes.append(0x00 if conn.subscriptions.pop(reader.text(), None) else 0x11)
+                topic_filter = reader.text()
+                conn.session.subscriptions.pop(topic_filter, None)
+                # 0x11: No subscription existed (§3.11.3); a QoS 0 one did.
+                existed = conn.subscriptions.pop(topic_filter, None) is not None
+                codes.append(0x00 if existed else 0x11)
             body = packet_id.to_bytes(2, "big") + encode_properties([]) + bytes(codes)
             self._send(conn, encode_packet(UNSUBACK, 0, body))
         elif packet_type == PINGREQ:
@@ -625,6 +762,8 @@ class FakeBroker:
         conn.client_id = client_id
         if clean_start or not session_present:
             self._awaiting_pubrel.pop(client_id, None)
+            self._sessions.pop(client_id, None)
+        conn.session = self._sessions.setdefault(client_id, _Session())
         log.debug("fake broker: %s connected (clean_start=%s)", client_id, clean_start)
 
     def _on_publish(self, conn: _Connection, flags: int, reader: Reader) -> None:
@@ -675,6 +814,8 @@ class FakeBroker:
                 self._send(conn, ack_packet(PUBREL, packet_id, 0x00))
         else:  # PUBACK, PUBCOMP, or a PUBREC >= 0x80 (§4.3.3): the flow is over
             conn.outbound.pop(packet_id, None)
+            if conn.session is not None:
+                conn.session.inflight.pop(packet_id, None)
 
     def _on_subscribe(self, conn: _Connection, reader: Reader) -> None:
         packet_id = reader.u16()
@@ -686,9 +827,11 @@ class FakeBroker:
             refusal = self.refuse_subscriptions.get(topic_filter)
             if refusal is not None:
                 conn.subscriptions.pop(topic_filter, None)
+                conn.session.subscriptions.pop(topic_filter, None)
                 granted.append(refusal)
                 continue
             conn.subscriptions[topic_filter] = qos
+            conn.session.subscriptions[topic_filter] = qos
             self.subscribes.append((conn.client_id, topic_filter, qos))
             granted.append(qos)
         if not granted:

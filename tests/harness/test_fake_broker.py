@@ -28,6 +28,8 @@ from tests.harness.fake_broker import (
     PUBREL,
     SUBACK,
     SUBSCRIBE,
+    UNSUBACK,
+    UNSUBSCRIBE,
     FakeBroker,
     Reader,
     Received,
@@ -87,6 +89,7 @@ class RawClient:
     """MQTT 5 by hand, for packet orders paho does not let a test choose."""
 
     def __init__(self, port: int, client_id: str) -> None:
+        self.client_id = client_id
         self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
         self.buffer = bytearray()
         body = encode_text("MQTT") + bytes([5, 0]) + (60).to_bytes(2, "big")  # clean_start 0
@@ -551,5 +554,174 @@ def test_one_write_sends_what_is_scripted_inside_it_to_a_client_at_once(broker: 
         first, second = split_packet(data), split_packet(data)
         assert not data
         assert [(p[0], p[1]) for p in (first, second)] == [(PUBLISH, 0b0010), (PUBLISH, 0b1010)]
+    finally:
+        raw.close()
+
+
+# ---- a shared group's member whose session expires (EMQX 5) ---------------------------------
+
+SHARE = "$share/g/readers/+/reads"
+
+
+def raw_subscribe(raw: RawClient, topic_filter: str, qos: int, packet_id: int = 1) -> None:
+    body = packet_id.to_bytes(2, "big") + encode_properties([]) + encode_text(topic_filter)
+    raw.send(encode_packet(SUBSCRIBE, 0b0010, body + bytes([qos])))
+    packet_type, _flags, suback = raw.next_packet()
+    assert (packet_type, suback[:2], suback[-1]) == (SUBACK, packet_id.to_bytes(2, "big"), qos)
+
+
+def leave(broker: FakeBroker, raw: RawClient) -> None:
+    """Close the socket without DISCONNECT (a member killed), and wait until the fake saw it."""
+    raw.close()
+    assert broker.wait_for(lambda b: all(c != raw.client_id for c in b.clients), TIMEOUT)
+
+
+def received(client: RecordingClient, count: int) -> list[tuple[str, bytes, int, bool]]:
+    return [(m.topic, m.payload, m.qos, m.dup) for (m,) in client.wait("on_message", count)[:count]]
+
+
+def test_publish_to_one_client_reaches_it_alone_as_a_shared_groups_dispatch_does(
+    broker: FakeBroker, connect: Callable[..., RecordingClient]
+) -> None:
+    first = connect("member-1")
+    first.subscribe(SHARE, 1)
+    second = connect("member-2")
+    second.subscribe(SHARE, 1)
+
+    sent = broker.publish_to_clients("readers/fx1/reads", b"one", 1, client_id="member-2")
+    assert sent == [("member-2", 1)]
+    assert broker.publish_to_clients("readers/fx1/reads", b"x", 1, client_id="nobody") == []
+    # To both: per connection order holds, so `first` would have got "one" before it.
+    broker.publish_to_clients("readers/fx1/reads", b"marker", 1)
+
+    assert [m[1] for m in received(first, 1)] == [b"marker"]
+    assert [m[1] for m in received(second, 2)] == [b"one", b"marker"]
+    assert len(first.calls("on_message")) == 1
+
+
+def test_an_expired_members_qos1_in_flight_then_queued_messages_go_round_robin_to_the_others(
+    broker: FakeBroker, connect: Callable[..., RecordingClient]
+) -> None:
+    """EMQX 5's re-dispatch at a session's expiry: QoS 1 in flight, oldest first, then the
+    queue, each to another member of the share; not QoS 2 in flight (MQTT-4.8.2-5), not
+    QoS 0, not what came through a plain filter."""
+    dying = RawClient(broker.port, "member-dying")  # acknowledges nothing it is sent
+    raw_subscribe(dying, SHARE, 2)
+    raw_subscribe(dying, "plain/#", 1, packet_id=2)
+    first = connect("member-1")
+    first.subscribe(SHARE, 2)
+    second = connect("member-2")
+    second.subscribe(SHARE, 1)
+    for payload, qos in ((b"in-flight-1", 1), (b"in-flight-qos2", 2), (b"in-flight-2", 1)):
+        broker.publish_to_clients("readers/fx1/reads", payload, qos, client_id="member-dying")
+    broker.publish_to_clients("plain/x", b"plain", 1, client_id="member-dying")
+    assert [dying.next_packet()[0] for _ in range(4)] == [PUBLISH] * 4
+    assert broker.in_flight("member-dying") == [
+        (1, 1, b"in-flight-1"),
+        (2, 2, b"in-flight-qos2"),
+        (3, 1, b"in-flight-2"),
+        (4, 1, b"plain"),
+    ]
+    leave(broker, dying)
+    broker.queue_for_session("member-dying", "readers/fx2/reads", b"queued-1", 1)
+    broker.queue_for_session("member-dying", "readers/fx2/reads", b"queued-qos2", 2)
+    broker.queue_for_session("member-dying", "readers/fx2/reads", b"queued-qos0", 0)
+    assert first.calls("on_message") == [] and second.calls("on_message") == []
+
+    sent = broker.expire_session("member-dying")
+
+    assert [(client, payload) for client, _, payload in sent] == [
+        ("member-1", b"in-flight-1"),
+        ("member-2", b"in-flight-2"),
+        ("member-1", b"queued-1"),
+        ("member-2", b"queued-qos2"),
+    ]
+    assert received(first, 2) == [
+        ("readers/fx1/reads", b"in-flight-1", 1, False),
+        ("readers/fx2/reads", b"queued-1", 1, False),
+    ]
+    # Queued at QoS 2, given to a member granted QoS 1: min of the two (§3.8.4).
+    assert received(second, 2) == [
+        ("readers/fx1/reads", b"in-flight-2", 1, False),
+        ("readers/fx2/reads", b"queued-qos2", 1, False),
+    ]
+    assert broker.wait_for(lambda b: len(b.client_acks) == 4, TIMEOUT)
+    assert sorted(a[:2] for a in broker.client_acks) == [
+        ("member-1", "PUBACK"),
+        ("member-1", "PUBACK"),
+        ("member-2", "PUBACK"),
+        ("member-2", "PUBACK"),
+    ]
+    # Acknowledged: nothing of it is in flight any more, in the members' sessions either.
+    assert broker.in_flight("member-1") == [] and broker.in_flight("member-2") == []
+    assert broker.in_flight("member-dying") == []
+    with pytest.raises(ValueError, match="has no session"):
+        broker.expire_session("member-dying")
+    with pytest.raises(ValueError, match="has no session"):
+        broker.queue_for_session("member-dying", "readers/fx1/reads", b"late", 1)
+
+
+def test_an_acknowledged_message_is_not_redispatched_and_a_connected_clients_session_lives_on(
+    broker: FakeBroker, connect: Callable[..., RecordingClient]
+) -> None:
+    leaving = connect("member-leaving")
+    leaving.subscribe(SHARE, 1)
+    staying = connect("member-staying")
+    staying.subscribe(SHARE, 1)
+    broker.publish_to_clients("readers/fx1/reads", b"acked", 1, client_id="member-leaving")
+    assert broker.wait_for(lambda b: ("member-leaving", "PUBACK", 1, 0) in b.client_acks, TIMEOUT)
+    assert broker.in_flight("member-leaving") == []
+    with pytest.raises(ValueError, match="is connected"):
+        broker.expire_session("member-leaving")
+    with pytest.raises(ValueError, match="is connected"):
+        broker.queue_for_session("member-leaving", "readers/fx1/reads", b"x", 1)
+
+    leaving.paho.disconnect()  # keeps the session: clean_start was False
+    assert broker.wait_for(lambda b: "member-leaving" not in b.clients, TIMEOUT)
+    with pytest.raises(ValueError, match="no filter matching"):
+        broker.queue_for_session("member-leaving", "other/topic", b"x", 1)
+
+    assert broker.expire_session("member-leaving") == []
+    # After the marker, anything re-dispatched to `staying` would have come before it.
+    broker.publish_to_clients("readers/fx1/reads", b"marker", 1)
+    assert [m[1] for m in received(staying, 1)] == [b"marker"]
+    assert len(staying.calls("on_message")) == 1
+
+
+def test_a_connect_without_a_present_session_discards_what_was_in_flight_and_queued(
+    broker: FakeBroker, connect: Callable[..., RecordingClient]
+) -> None:
+    dying = RawClient(broker.port, "member-back")
+    raw_subscribe(dying, SHARE, 1)
+    broker.publish_to_clients("readers/fx1/reads", b"in-flight", 1, client_id="member-back")
+    assert dying.next_packet()[0] == PUBLISH
+    leave(broker, dying)
+    broker.queue_for_session("member-back", "readers/fx1/reads", b"queued", 1)
+    other = connect("member-other")
+    other.subscribe(SHARE, 1)
+
+    back = RawClient(broker.port, "member-back")  # the fake's CONNACK: session not present
+    assert back.connack[0] == 0
+    assert broker.in_flight("member-back") == []
+    leave(broker, back)
+
+    assert broker.expire_session("member-back") == []
+
+
+def test_unsubscribing_a_qos0_subscription_is_a_success_and_a_second_time_no_subscription(
+    broker: FakeBroker,
+) -> None:
+    raw = RawClient(broker.port, "unsubscriber")
+    try:
+        raw_subscribe(raw, "t/#", 0)
+        for packet_id, reason in ((2, 0x00), (3, 0x11)):  # 0x11: No subscription existed
+            body = packet_id.to_bytes(2, "big") + encode_properties([]) + encode_text("t/#")
+            raw.send(encode_packet(UNSUBSCRIBE, 0b0010, body))
+            packet_type, _flags, unsuback = raw.next_packet()
+            assert (packet_type, unsuback[:2], unsuback[-1]) == (
+                UNSUBACK,
+                packet_id.to_bytes(2, "big"),
+                reason,
+            )
     finally:
         raw.close()

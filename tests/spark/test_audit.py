@@ -207,6 +207,29 @@ def test_the_tables_of_two_gateways_of_one_group_have_gaps_alone_and_none_togeth
     assert all(not report.complete for report in alone)
 
 
+def test_a_shared_groups_one_table_audits_each_members_share_in_its_own_ledger_order(
+    spark_session, tmp_path
+):
+    """In a group's one table (DESIGN §7.12) each member's `seq` counts in its own ledger: a1
+    stored 1..50 as seqs 1..50, a2 51..100 as seqs 1..50. Ordered by `seq` across members
+    (51 then 2: a drop of more than half) the audit would call resets and gaps; per member
+    (`landed_by`), the reader's run is whole."""
+    from spark.tables import GroupTableWriter
+
+    for batch_id, (member, numbers) in enumerate(
+        (("fxgate-env-a-a1", range(1, 51)), ("fxgate-env-a-a2", range(51, 101))), start=1
+    ):
+        reads = build_batch(records(stream("fx-a", numbers)), batch_id).reads
+        GroupTableWriter(
+            None, tmp_path, f"{APP}-{member}", group="fxgate-env-a", member=member
+        ).write_batch(batch_id, {READS: reads})
+
+    report = audit_tables(spark_session, [tmp_path])
+    reader = report.readers["fx-a"]
+    assert report.complete, report.lines()
+    assert (reader.resets, reader.missing, reader.received) == (0, (), 100)
+
+
 def test_a_gateway_that_stamps_a_read_late_makes_no_false_reset_in_the_union(
     spark_session, tmp_path
 ):

@@ -393,3 +393,23 @@ def test_lock_free_readers_see_each_read_once_while_one_member_maintains_and_the
                 held = max((n for version, n in counts if version <= read["version"]), default=0)
                 assert read["rows"] >= held, (engine, read["version"], read["rows"], held)
         assert good[-1]["rows"] == len(landed), f"{engine}: {good[-1]}"
+
+
+def test_only_reads_another_member_landed_count_as_already_landed(tmp_path):
+    """The count is of reads (what /metrics and status call it): a dead letter both members
+    received is skipped the same way, and not counted among them."""
+    letters = pa.table(
+        {
+            "message_key": ["k1", "k2"],
+            "sink": ["table", "table"],
+            "reason": ["invalid_json", "invalid_json"],
+            "date": ["2026-11-29", "2026-11-29"],
+        }
+    )
+    a = member(tmp_path, APP_A, "fxgate-env-a-a1")
+    b = member(tmp_path, APP_B, "fxgate-env-a-a2")
+    a.write_batch(1, {READS: reads(range(4)), DEAD_LETTERS: letters})
+    b.write_batch(1, {READS: reads(range(2, 6)), DEAD_LETTERS: letters})
+    assert b.take_merge_counts() == (0, 2)
+    assert table_rows(tmp_path, DEAD_LETTERS).num_rows == 2
+    assert table_rows(tmp_path).num_rows == 6

@@ -310,3 +310,39 @@ def test_tables_only_spark_reaches_are_maintained_through_delta_spark(
     assert DeltaTable(tables / READS).transaction_version(EARLIER) == 5
     found = every_reader(spark_session, tables)
     assert found == {"spark": expected, "delta-rs": expected, "duckdb": expected}
+
+
+def test_beside_a_shared_groups_members_compact_claims_each_optimize_as_they_do(tmp_path):
+    """A group's members hold no writer lock (DESIGN §7.12): the command runs its pass itself,
+    and an unclaimed OPTIMIZE could commit over one a member is making (delta-rs commits both:
+    tests/spark/test_group_tables.py). Its claims are in the table's log."""
+    from spark.tables import GROUP_OF, MAINTAINED_BY, GroupTableWriter
+
+    data = tmp_path / "data"
+    tables = data / "tables"
+    member = GroupTableWriter(None, tables, EARLIER, group="fxgate-env-a", member="fxgate-env-a-a1")
+    for batch in range(1, 4):
+        ids = [f"b{batch}-{i}" for i in range(5)]
+        table = pa.table(
+            {
+                "message_id": ids,
+                "reader_id": ["fx9600-01"] * 5,
+                "date": [days()[0]] * 5,
+            }
+        )
+        member.write_batch(batch, {READS: table})
+    result = compact_in_process(
+        data,
+        FXGATE__SOURCE__SHARED_SUBSCRIPTION_GROUP="fxgate",
+        FXGATE__SOURCE__ENVIRONMENT_ID="env-a",
+        FXGATE__SOURCE__INSTANCE_ID="ops",
+    )
+    assert result.exit_code == 0, result.output
+    table = DeltaTable(tables / READS)
+    configuration = table.metadata().configuration
+    assert configuration[GROUP_OF] == "fxgate-env-a"
+    assert configuration[MAINTAINED_BY] == "fxgate-env-a-ops (fxgate compact)"
+    claims = [e for e in table.history() if e["operation"] == "SET TBLPROPERTIES"]
+    assert len(claims) >= 2  # one before each OPTIMIZE (the closed dates, the open date)
+    ids = table.to_pyarrow_table().column("message_id").to_pylist()
+    assert len(ids) == len(set(ids)) == 15

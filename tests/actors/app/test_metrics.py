@@ -189,6 +189,21 @@ def test_maintenance_passes_files_and_the_last_pass_are_exported(board):
     assert sample(registry, "fxgate_compaction_last_pass_seconds") == 12.5
 
 
+def test_a_shared_group_members_copies_skipped_merges_retried_and_optimizes_lost_are_exported(
+    board,
+):
+    board.publish(snapshot())
+    alone = build_registry(board)
+    assert sample(alone, "fxgate_group_rows_already_landed_total") is None
+    group = {"already_landed": 24, "merges_retried": 3, "rows_landed": 500}
+    compaction = {"passes": 2, "optimizes_lost": 1}
+    board.publish(snapshot(group=group, compaction=compaction))
+    registry = build_registry(board)
+    assert sample(registry, "fxgate_group_rows_already_landed_total") == 24
+    assert sample(registry, "fxgate_group_merges_retried_total") == 3
+    assert sample(registry, "fxgate_compaction_optimizes_lost_total") == 1
+
+
 def test_a_connection_that_is_not_connected_exports_0_and_how_long_it_has_been_down(board, clock):
     board.publish(snapshot("waiting"))
     clock.advance(42)

@@ -45,9 +45,10 @@ RECEIVED = (BASE + timedelta(minutes=2)).timestamp()
 APP_ID = application_id("sql-test")
 
 
-def page_queries() -> dict[str, list[str]]:
+def page_queries(group: bool = False) -> dict[str, list[str]]:
     """The Spark SQL blocks of the queries page (those marked `engines: spark`), by the heading
-    they are under."""
+    they are under: those for any table, or (`group`) those for a shared group's table only
+    (marked `group` too)."""
     found: dict[str, list[str]] = {}
     heading = ""
     for match in re.finditer(
@@ -57,7 +58,7 @@ def page_queries() -> dict[str, list[str]]:
     ):
         if match.group("heading"):
             heading = match.group("heading").strip()
-        elif "spark" in match.group("engines"):
+        elif "spark" in match.group("engines") and group == ("group" in match.group("engines")):
             found.setdefault(heading, []).append(match.group("sql").strip())
     return found
 
@@ -185,6 +186,51 @@ def test_every_spark_query_of_the_page_runs(in_process, config_file, data_dir):
             query = query.replace("/var/lib/fxgate/tables", str(data_dir / "tables"))
             result = in_process("--config", str(config_file), query)
             assert result.exit_code == 0, f"{heading}:\n{query}\n{result.output}"
+
+
+def test_the_group_query_counts_each_members_share_of_a_groups_one_table(in_process, tmp_path):
+    """A shared group's members land into one table, each row with the member that landed it
+    (DESIGN §7.12); a read both members received is one row, of the member that landed first."""
+    from spark.tables import GroupTableWriter
+
+    tables = tmp_path / "group-tables"
+    # m3 is the same message (topic and payload) in both members' batches: the broker gave it
+    # to both.
+    both = message("fx9600-01", tag("A1", 1, second(3), 3, 1), "m3", 3)
+    for batch_id, (member, records) in enumerate(
+        (
+            (
+                "fxgate-env-a-a1",
+                [
+                    message("fx9600-01", tag("A1", 1, second(1), 1, 1), "m1", 1),
+                    message("fx9600-01", tag("B2", 1, second(2), 2, 1), "m2", 2),
+                    both,
+                ],
+            ),
+            (
+                "fxgate-env-a-a2",
+                [both, message("fx9600-01", tag("C3", 1, second(4), 4, 1), "m4", 4)],
+            ),
+        ),
+        start=1,
+    ):
+        reads = build_batch(records, batch_id).reads
+        GroupTableWriter(
+            None, tables, f"{APP_ID}-{batch_id}", group="fxgate-env-a", member=member
+        ).write_batch(batch_id, {READS: reads})
+    config = tmp_path / "gateway.toml"
+    config.write_text(
+        f'[gateway]\ndata_dir = "{tmp_path}"\n[spark]\ntables_dir = "{tables}"\n'
+        '[source]\nshared_subscription_group = "fxgate"\nenvironment_id = "env-a"\n'
+    )
+    (((_, blocks),)) = page_queries(group=True).items()
+    (query,) = blocks
+    result = in_process("--config", str(config), "--json", query)
+    assert result.exit_code == 0, result.output
+    assert json_rows(result.stdout) == [
+        {"landed_by": "fxgate-env-a-a1", "reads": 3},
+        {"landed_by": "fxgate-env-a-a2", "reads": 1},
+    ]
 
 
 def test_reads_per_reader_and_antenna_per_minute_as_json(in_process, config_file):

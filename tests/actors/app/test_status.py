@@ -82,6 +82,31 @@ def test_status_names_each_connection_depth_pause_and_the_table_lag_for_a_person
     assert "last batch: 9 (20000 rows, 2 dead letters)" in text
 
 
+def test_a_shared_group_members_status_names_the_groups_table_and_this_members_share():
+    report = running_report(now=1_800_000_000.0)
+    report["group_tables"] = "fxgate-env-a"
+    report["daemon"]["group"] = {
+        "tables": "fxgate-env-a",
+        "member": "fxgate-env-a-a1",
+        "rows_landed": 9000,
+        "already_landed": 12,
+        "merges_retried": 3,
+    }
+    text = format_status(report)
+    assert (
+        "tables:     group fxgate-env-a's, shared by its members: reads 180000 rows, "
+        "dead_letters 2 rows" in text
+    )
+    assert (
+        "this member: fxgate-env-a-a1 landed 9000 row(s) since its start; 12 more of its reads "
+        "were in the table already (another member landed them); 3 merge(s) lost a commit race "
+        "and were merged again" in text
+    )
+    # A gateway alone says neither.
+    alone = format_status(running_report(now=1_800_000_000.0))
+    assert "group" not in alone and "this member" not in alone
+
+
 def test_collect_status_measures_each_sinks_lag_from_its_oldest_stored_read(tmp_path):
     config = load_config(None, {"FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data")}, "gw")
     clock = SimulatedClock()

@@ -475,8 +475,29 @@ def test_summary_lines_show_what_an_operator_checks_at_start(tmp_path):
         f"data dir {tmp_path}",
         "durability process",
         "spark master local[2]",
+        f"tables {tmp_path}/tables shared by the members of group fxgate-local-gw-01",
     ]:
         assert fact in summary
+    alone = "\n".join(load().summary_lines())
+    assert "this gateway's alone: plain appends" in alone
+
+
+def test_a_shared_group_lands_through_delta_rs_and_a_spark_landing_is_refused_saying_why():
+    """A group's members merge into one table in the daemon (DESIGN §7.12): a landing through
+    Spark jobs would append, and the table would hold what a broker gave two members twice."""
+    group = {"FXGATE__SOURCE__SHARED_SUBSCRIPTION_GROUP": "fxgate"}
+    assert load(environ=group).group_tables == "fxgate-local-gw-01"
+    assert load().group_tables is None
+    for key, value, why in (
+        ("LANDING", "spark", 'landing = "spark"'),
+        ("MASTER", "spark://10.0.0.9:7077", "master = 'spark://10.0.0.9:7077'"),
+        ("TABLES_DIR", "hdfs://nn:8020/fxgate", "is not on this machine's disk"),
+    ):
+        with pytest.raises(ConfigError) as refused:
+            load(environ={**group, f"FXGATE__SPARK__{key}": value})
+        (error,) = refused.value.errors
+        assert error.startswith("source.shared_subscription_group = 'fxgate': the members")
+        assert why in error
 
 
 # --- forwarding: upstream, routes, buffer -----------------------------------------------------
