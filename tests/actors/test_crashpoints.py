@@ -67,6 +67,10 @@ MAINTAINED = {
     "FXGATE__COMPACTION__START_DELAY_SECONDS": "3600",
     "FXGATE__COMPACTION__VACUUM_RETENTION_HOURS": "0",
 }
+# A shared group of one (DESIGN §7.12): batches land by merges into the group's table, and
+# each OPTIMIZE is claimed first. The survivor is in the group too.
+GROUP = {**SMALL_BATCHES, "FXGATE__SOURCE__SHARED_SUBSCRIPTION_GROUP": "fxgate"}
+GROUP_MAINTAINED = {**MAINTAINED, **GROUP}
 CASES = [
     ("after_ledger_commit_before_ack", 1, "5", SMALL_GROUPS),
     ("after_ledger_commit_before_ack", 2, "5", SMALL_GROUPS),
@@ -82,6 +86,8 @@ CASES = [
     ("maintenance_inside_optimize", 1, "1", MAINTAINED),
     ("maintenance_after_optimize_before_vacuum", 1, "1", MAINTAINED),
     ("maintenance_inside_vacuum", 1, "1", MAINTAINED),
+    ("group_before_merge", 1, "3", GROUP),
+    ("maintenance_claimed_before_optimize", 1, "1", GROUP_MAINTAINED),
     # The QoS is the intake's: a Spark job's points are each run at one of them.
     ("mid_spark_job", 1, "1", SPARK_JOBS),
     ("after_spark_job_before_mark", 2, "1", SPARK_JOBS),
@@ -121,19 +127,22 @@ def test_a_kill_at_a_named_crash_point_loses_and_doubles_nothing(
 ):
     data = tmp_path / "data"
     tables = data / "tables"
-    doomed_only = extra is MAINTAINED or extra is SPARK_JOBS
-    env = {**gateway_env(mosquitto, data), **({} if doomed_only else extra)}
+    maintained = extra is MAINTAINED or extra is GROUP_MAINTAINED
+    survivor_extra = (
+        GROUP if extra is GROUP_MAINTAINED else {} if maintained or extra is SPARK_JOBS else extra
+    )
+    env = {**gateway_env(mosquitto, data), **survivor_extra}
     doomed = daemon_factory({**env, **extra, "FXGATE_CRASH_AT": f"{point}:{hit}"})
     doomed.wait_for_log(r"source: subscribed", timeout=60)
     management = {"gpi_every": 10} if extra is MANAGEMENT else {}
     # The maintenance cases publish in two parts, the pass asked for in between.
-    first = 100 if extra is MAINTAINED else 300
+    first = 100 if maintained else 300
     published = simulate(
         mosquitto.host, mosquitto.port, readers=2, rate=0, count=first, qos=qos, **management
     )
     assert published.failed == 0
     records = list(published.published)
-    if extra is MAINTAINED:
+    if maintained:
         doomed.wait_for_log(r"batch 3 written", timeout=120)
         write_compaction_request(data)
         rest = simulate(mosquitto.host, mosquitto.port, 2, 0, count=200, qos=qos, seed=1)
@@ -160,6 +169,11 @@ def test_a_kill_at_a_named_crash_point_loses_and_doubles_nothing(
         app_id = application_id(gateway)
         assert batch_in(tables, READS, app_id) == batch
         assert batch_in(tables, READER_EVENTS, app_id) < batch
+    if point == "maintenance_claimed_before_optimize":
+        # The claim is committed; no OPTIMIZE followed it.
+        history = DeltaTable(str(tables / READS)).history()
+        operations = [commit["operation"] for commit in history]
+        assert "SET TBLPROPERTIES" in operations and "OPTIMIZE" not in operations
     if point in ("maintenance_after_optimize_before_vacuum", "maintenance_inside_vacuum"):
         # The pass died on the reads table after compacting its files.
         history = DeltaTable(str(tables / READS)).history()
