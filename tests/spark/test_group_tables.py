@@ -413,3 +413,62 @@ def test_only_reads_another_member_landed_count_as_already_landed(tmp_path):
     assert b.take_merge_counts() == (0, 2)
     assert table_rows(tmp_path, DEAD_LETTERS).num_rows == 2
     assert table_rows(tmp_path).num_rows == 6
+
+
+# -- two processes ------------------------------------------------------------------------------
+
+
+def _member_process(tables, app_id, name, numbers, barrier, results) -> None:
+    """One member in a process of its own: read the table, wait at `barrier` for the other
+    member to have read the same snapshot, then merge; report (merges retried, reads skipped)."""
+    waited = []
+
+    def hook(point: str) -> None:
+        if point == BEFORE_MERGE and not waited:
+            waited.append(point)
+            barrier.wait(timeout=60)
+
+    writer = member(tables, app_id, name, checkpoint=hook)
+    writer.write_batch(1, {READS: reads(numbers)})
+    results.put((name, writer.take_merge_counts()))
+    writer.close()
+
+
+def test_two_member_processes_released_at_once_from_one_snapshot_land_each_read_once(tmp_path):
+    """Both members have read the same version of the table when a barrier releases them, so
+    whichever commits second meets the first's commit over what it read: Delta fails it, it
+    merges again and skips the overlap. delta-rs must run in spawned processes (its runtime
+    panics in a forked child, DESIGN §4)."""
+    import multiprocessing
+
+    member(tmp_path, "fxgate-ledger-seed", "fxgate-env-a-seed").write_batch(
+        1, {READS: reads(range(5))}
+    )
+    context = multiprocessing.get_context("spawn")
+    barrier = context.Barrier(2)
+    results = context.Queue()
+    processes = [
+        context.Process(
+            target=_member_process,
+            args=(tmp_path, app, name, numbers, barrier, results),
+        )
+        for app, name, numbers in (
+            (APP_A, "fxgate-env-a-a1", range(5, 25)),
+            (APP_B, "fxgate-env-a-a2", range(15, 35)),
+        )
+    ]
+    for process in processes:
+        process.start()
+    try:
+        counts = dict(results.get(timeout=120) for _ in processes)
+    finally:
+        for process in processes:
+            process.join(60)
+            if process.is_alive():
+                process.kill()
+                process.join(10)
+    assert [process.exitcode for process in processes] == [0, 0]
+    # Exactly one lost the race, retried once, and skipped the ten reads the other landed.
+    assert sorted(counts.values()) == [(0, 0), (1, 10)], counts
+    ids = ids_of(table_rows(tmp_path))
+    assert len(ids) == len(set(ids)) == 35
