@@ -579,6 +579,14 @@ class OutboundLedger(pykka.ThreadingActor):
         if entry is None or ack.epoch != self._epoch:
             log.debug("ignored %s for packet id %d", ack.kind.value, ack.packet_id)
             return
+        if ack.kind is AckType.PUBREC and ack.failed and entry.state == "pubrel":
+            # The broker acknowledged this PUBLISH already and we released it: a refusing
+            # PUBREC now answers our DUP re-send of it (Mochi 2.7.9 after a reconnect: its stored
+            # PUBREC 0x00 first, then 0x91 "packet identifier in use" for the DUP PUBLISH, then
+            # PUBCOMP). The exchange goes on to its PUBCOMP; taking the 0x91 for a refusal
+            # published the message again under a new id, and delivered it twice.
+            log.debug("a refusing PUBREC for released packet %d ignored", ack.packet_id)
+            return
         if ack.kind is AckType.PUBREC and not ack.failed:
             # The broker has the PUBLISH; dying here re-sends it (DUP, same id) after restart.
             crash_point("after_publish_before_pubrec")

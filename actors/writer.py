@@ -26,7 +26,7 @@ job still running `processing_timeout` after it started is cancelled and retried
 While a batch waits for its retry, new packs wait behind it, which keeps batches in order.
 
 A member of a shared group (`group`) lands into the group's tables, which every member of the
-environment writes (DESIGN §7.12): each table's rows by an insert-if-absent merge, in one commit
+environment writes (DESIGN §7.12): each table's rows insert-if-absent, in one commit
 that still carries this member's (application id, batch id) (spark.tables.GroupTableWriter).
 It holds no lock, and maintains the tables on its schedule as every member does, each OPTIMIZE
 claimed first so that two members' never both commit (spark/maintenance.py).
@@ -313,7 +313,7 @@ class SparkWriterActor(pykka.ThreadingActor):
         if group is not None and (local_tables is None or not self._land_with_arrow):
             # The configuration refuses this (actors/config/schema.py); a writer built by hand
             # must not fall back to appends, which would not conflict with the other members.
-            raise ValueError("a shared group's tables land by delta-rs merges, on this disk")
+            raise ValueError("a shared group's tables land through delta-rs, on this disk")
         if self._table_writer is None:
             arrow = self._land_with_arrow and local_tables is not None
             self._session_per_pass = arrow
@@ -327,7 +327,8 @@ class SparkWriterActor(pykka.ThreadingActor):
                 )
             log.info(
                 "batches are committed %s",
-                f"by delta-rs merges into group {group.name}'s tables, as member {group.member}"
+                f"by delta-rs, insert-if-absent into group {group.name}'s tables, as member "
+                f"{group.member}"
                 if group is not None
                 else "by delta-rs in this process"
                 if arrow

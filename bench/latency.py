@@ -35,13 +35,13 @@ import sqlite3
 import statistics
 import threading
 import time
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from actors.config.schema import load_config
@@ -102,14 +102,19 @@ def defaults(environ: dict[str, str] | None = None) -> dict:
 
 class TableWatcher:
     """Follows a Delta table's log every `interval` s, as a reader that keeps the table open
-    does (delta-rs `update_incremental`), and remembers when each `(date, batch_id)` first
-    appeared in a commit, and how many rows it holds."""
+    does (delta-rs `update_incremental`), and remembers when each batch first appeared in a
+    commit, and how many rows it holds. A batch is `(date, *keys)`: `(date, batch_id)` for a
+    gateway alone; in a shared group's table each member numbers its own batches, so there it
+    is `(date, landed_by, batch_id)`."""
 
-    def __init__(self, table_dir: Path, interval: float = POLL_SECONDS) -> None:
+    def __init__(
+        self, table_dir: Path, interval: float = POLL_SECONDS, keys: tuple[str, ...] = (BATCH_ID,)
+    ) -> None:
         self._dir = Path(table_dir)
         self._interval = interval
-        self.first_seen: dict[tuple[str, int], float] = {}
-        self.rows: dict[tuple[str, int], int] = {}
+        self._keys = tuple(keys)
+        self.first_seen: dict[tuple, float] = {}
+        self.rows: dict[tuple, int] = {}
         self._table = None  # the open DeltaTable, once its first commit is there
         self._version: int | None = None
         self._files: set[str] = set()  # data files whose batches are counted
@@ -164,7 +169,7 @@ class TableWatcher:
             exists = False  # read the log again at the next scan
         # Taken after reading the log: a commit seen now was made at most one gap ago.
         now = time.time()
-        found: dict[tuple[str, int], int] = {}
+        found: dict[tuple, int] = {}
         if exists and self._table.version() != self._version:
             self._version = self._table.version()
             actions = pa.table(self._table.get_add_actions(flatten=True))
@@ -176,16 +181,17 @@ class TableWatcher:
                 if path in self._files:
                     continue
                 try:
-                    batches = pq.read_table(self._dir / unquote(path), columns=[BATCH_ID])
+                    batches = pq.read_table(self._dir / unquote(path), columns=list(self._keys))
                 except OSError:
                     self._version = None  # look again at the next scan
                     continue
                 self._files.add(path)
                 # A compaction's file holds batches seen before: only new ones count.
-                for counted in pc.value_counts(batches.column(BATCH_ID)).to_pylist():
-                    key = (date, counted["values"])
+                counts = batches.group_by(list(self._keys)).aggregate([([], "count_all")])
+                for counted in counts.to_pylist():
+                    key = (date, *(counted[column] for column in self._keys))
                     if key not in self.first_seen:
-                        found[key] = found.get(key, 0) + counted["counts"]
+                        found[key] = found.get(key, 0) + counted["count_all"]
         with self._changed:
             if self._last_listing is not None:
                 self.max_gap = max(self.max_gap, now - self._last_listing)
@@ -234,13 +240,15 @@ def publish_times(published, times: list[float]) -> dict[str, float]:
 
 def join(
     tables_dir: Path,
-    first_seen: dict[tuple[str, int], float],
+    first_seen: dict[tuple, float],
     sent: dict[str, float],
+    keys: tuple[str, ...] = (BATCH_ID,),
 ) -> dict:
     """Every row of `reads`, by `message_id` `<key>:<index>`, against what was published:
-    per message the moment its row became visible, and missing / duplicate / unexpected."""
+    per message the moment its row became visible (its batch, `(date, *keys)` as the
+    `TableWatcher` saw it), and missing / duplicate / unexpected."""
     table = read_table_arrow(tables_dir, READS).select(
-        ["message_id", "received_time", "date", "batch_id"]
+        ["message_id", "received_time", "date", *keys]
     )
     visible: dict[str, float] = {}
     received: dict[str, float] = {}
@@ -248,11 +256,10 @@ def join(
     columns = zip(
         table.column("message_id").to_pylist(),
         table.column("received_time").to_pylist(),
-        table.column("date").to_pylist(),
-        table.column("batch_id").to_pylist(),
+        zip(*(table.column(column).to_pylist() for column in ("date", *keys)), strict=True),
         strict=True,
     )
-    for message_id, received_at, date, batch_id in columns:
+    for message_id, received_at, batch in columns:
         key = message_id.rsplit(":", 1)[0]
         if key not in sent:
             unexpected += 1
@@ -260,7 +267,7 @@ def join(
         if key in visible:
             duplicates += 1
             continue
-        seen = first_seen.get((date, batch_id))
+        seen = first_seen.get(batch)
         if seen is None:
             unobserved += 1  # landed after the watcher stopped: cannot be timed
             continue
@@ -372,41 +379,78 @@ _BATCH_LINE = re.compile(r"batch (\d+) written: (\d+) messages -> (\d+) rows, .*
 _JOB_LINE = re.compile(r"Batch \d+ written in ([\d.]+) s")
 
 
-def sample(
-    ctx: Context,
-    worker: GatewayWorker,
-    load: float,
-    rate: float,
-    seconds: float,
-    config: str = "default",
-) -> dict:
-    """fxgate running on `config`; `rate` msg/s published for `seconds`; every row's latency."""
-    messages = max(PUBLISHING_READERS, round(rate * seconds / PUBLISHING_READERS) * 4)
-    directory = ctx.next_dir(f"latency-{round(100 * load)}-{config}")
-    data = directory / "data"
-    seed = ctx.seed()
-    outcome: dict = {}
+@dataclass(frozen=True)
+class Landing:
+    """One gateway of a sample: its worker, its configuration (`FXGATE__` overrides of the
+    defaults; the broker and `data` are filled in per sample), the session it is subscribed
+    with before anything is published, and the messages it is to acknowledge and land."""
 
-    def run_gateway(env: dict, broker_pid: int | None) -> None:
+    worker: GatewayWorker
+    overrides: dict[str, str]
+    client_id: str
+    subscription: str
+    messages: int
+    data: Path
+
+
+@dataclass
+class Landed:
+    """What one sample's gateways and publishers did, before any figure is drawn from it."""
+
+    sent: dict[str, float]  # message key -> publish time
+    times: list[float]  # publish times, in publish order
+    summaries: list[dict]  # per publisher process
+    results: list[dict]  # per gateway, its worker's answer
+    landed: dict  # `join`
+    watcher: TableWatcher
+    log_marks: list[int]  # per gateway, its worker log's length before the sample
+
+
+def sample_messages(rate: float, seconds: float) -> int:
+    """Messages in a sample of `rate` msg/s for `seconds`: a multiple of the readers' count."""
+    return max(PUBLISHING_READERS, round(rate * seconds / PUBLISHING_READERS) * 4)
+
+
+def publish_and_land(
+    directory: Path,
+    landings: list[Landing],
+    tables_dir: Path,
+    rate: float,
+    messages: int,
+    seconds: float,
+    seed: int,
+    keys: tuple[str, ...] = (BATCH_ID,),
+) -> Landed:
+    """A fresh broker, each gateway's session made first (nothing published before it connects
+    is lost), the gateways running, `rate` msg/s published for `seconds`; the `reads` table at
+    `tables_dir` watched meanwhile (batches told apart by `keys`, as `TableWatcher` says)."""
+    outcome: dict[int, dict] = {}
+    errors: dict[int, Exception] = {}
+
+    def run_gateway(index: int, env: dict, broker_pid: int | None) -> None:
+        landing = landings[index]
         try:
-            outcome["gateway"] = worker.ingest(
-                env, 1, messages, messages, broker_pid, timeout=seconds + 120
+            outcome[index] = landing.worker.ingest(
+                env, 1, landing.messages, landing.messages, broker_pid, timeout=seconds + 120
             )
         except Exception as error:  # reported by the main thread after the join
-            outcome["error"] = error
+            errors[index] = error
 
     watcher: TableWatcher | None = None
     with fresh_broker(directory / "broker") as broker:
-        # A persistent session first: nothing published before fxgate connects is lost.
-        create_session(broker.host, broker.port, FXGATE_CLIENT_ID, READERS_TOPIC, 1)
+        for landing in landings:
+            create_session(broker.host, broker.port, landing.client_id, landing.subscription, 1)
         mark = broker.line_count()
-        log_mark = worker.log_mark()
-        gateway = threading.Thread(
-            target=run_gateway,
-            args=(fxgate_env(broker, data, 1, **CONFIGS[config]), broker.pid),
-            name="bench-latency-gateway",
-        )
-        # Started first: the publishers' interpreters start while the gateway does.
+        log_marks = [landing.worker.log_mark() for landing in landings]
+        gateways = [
+            threading.Thread(
+                target=run_gateway,
+                args=(index, fxgate_env(broker, landing.data, 1, **landing.overrides), broker.pid),
+                name="bench-latency-gateway",
+            )
+            for index, landing in enumerate(landings)
+        ]
+        # Started first: the publishers' interpreters start while the gateways do.
         publishers = PublisherProcesses(
             broker.host,
             broker.port,
@@ -419,57 +463,90 @@ def sample(
             f"bench-latency-{seed}",
         )
         try:
-            gateway.start()
+            for gateway in gateways:
+                gateway.start()
             publishers.wait_ready()
-            if not broker.wait_for_output(f" as {FXGATE_CLIENT_ID} ", 120, start=mark):
-                raise RuntimeError("fxgate did not connect within 120 s")
-            watcher = TableWatcher(Path(table_path(data / "tables", READS))).start()
+            for landing in landings:
+                if not broker.wait_for_output(f" as {landing.client_id} ", 120, start=mark):
+                    raise RuntimeError(f"{landing.client_id} did not connect within 120 s")
+            watcher = TableWatcher(Path(table_path(tables_dir, READS)), keys=keys).start()
             publishers.go()
             summaries = publishers.wait_done()
-            # The worker answers once every row has landed (or it gave up) and its gateway
-            # stopped, so the watcher has seen every commit by then.
-            gateway.join(seconds + 400)
+            # A worker answers once every row it owes has landed (or it gave up) and its
+            # gateway stopped, so the watcher has seen every commit by then.
+            for gateway in gateways:
+                gateway.join(seconds + 400)
             # Only now do the publishers write their files: no CPU taken from the sample.
-            keys, times = publishers.collect()
+            sent_keys, times = publishers.collect()
         finally:
             publishers.close()
-            if gateway.is_alive():
-                gateway.join(seconds + 400)
+            for gateway in gateways:
+                if gateway.is_alive():
+                    gateway.join(seconds + 400)
             if watcher is not None:
                 watcher.stop()
-    if "error" in outcome:
-        raise outcome["error"]
-    result = outcome["gateway"]
-    sent = dict(zip(keys, times, strict=True))
+    if errors:
+        raise errors[min(errors)]
+    sent = dict(zip(sent_keys, times, strict=True))
     if len(sent) != messages or any(p["acked"] != p["messages"] for p in summaries):
         raise RuntimeError(f"{len(sent)} distinct keys of {messages} published: {summaries}")
-    landed = join(data / "tables", watcher.first_seen, sent)
+    return Landed(
+        sent=sent,
+        times=times,
+        summaries=summaries,
+        results=[outcome[index] for index in range(len(landings))],
+        landed=join(tables_dir, watcher.first_seen, sent, keys),
+        watcher=watcher,
+        log_marks=log_marks,
+    )
+
+
+def _largest(values: list) -> float | None:
+    present = [v for v in values if v is not None]
+    return max(present) if present else None
+
+
+def landing_figures(run: Landed, landings: list[Landing]) -> dict:
+    """A sample's figures: each row's latency and its parts, the publishers' pace, the exactly-
+    once check, and the gateways' batches (from their worker logs and answers; read before the
+    sample's directory goes). With one gateway its answer's figures are as it gave them; with
+    several, the largest of each and a list of the CPU windows."""
+    sent, landed, times = run.sent, run.landed, run.times
+    summaries = run.summaries
     latencies = [landed["visible"][k] - at for k, at in sent.items() if k in landed["visible"]]
     to_ledger = [landed["received"][k] - at for k, at in sent.items() if k in landed["received"]]
-    committed = ledger_landed(data / "ledger.sqlite")
+    committed: dict[str, float] = {}
+    for landing in landings:
+        committed.update(ledger_landed(landing.data / "ledger.sqlite"))
     to_commit = [committed[k] - at for k, at in sent.items() if k in committed]
-    jobs = [
-        (int(m[1]), int(m[3]), float(m[4]))
-        for m in map(
-            _BATCH_LINE.search, worker.log_lines(r"batch \d+ written: ", 100_000, log_mark)
-        )
-        if m
-    ]
-    spark_jobs = [
-        float(m[1])
-        for m in map(_JOB_LINE.search, worker.log_lines(r"Batch \d+ written in", 100_000, log_mark))
-        if m
-    ]
+    jobs, spark_jobs = [], []
+    for landing, mark in zip(landings, run.log_marks, strict=True):
+        worker = landing.worker
+        jobs += [
+            (int(m[1]), int(m[3]), float(m[4]))
+            for m in map(
+                _BATCH_LINE.search, worker.log_lines(r"batch \d+ written: ", 100_000, mark)
+            )
+            if m
+        ]
+        spark_jobs += [
+            float(m[1])
+            for m in map(_JOB_LINE.search, worker.log_lines(r"Batch \d+ written in", 100_000, mark))
+            if m
+        ]
     to_visible = [
         landed["visible"][k] - landed["received"][k] for k in sent if k in landed["received"]
     ]
-    commits = [at for at, _ in result.get("batches", [])]
-    shutil.rmtree(directory, ignore_errors=True)
+    # Each gateway's commits, on its own clock (seconds after its first PUBLISH).
+    intervals = []
+    for result in run.results:
+        commits = [at for at, _ in result.get("batches", [])]
+        if len(commits) > 2:
+            intervals.extend(np.diff(commits))
+    during = [result.get("during_ingest") or {} for result in run.results]
+    windows = [result.get("cpu_table_window") for result in run.results]
     first, last = min(times), max(times)
     return {
-        "config": config,
-        "load": load,
-        "rate_requested": rate,
         "rate_achieved": (len(sent) - 1) / (last - first) if last > first else None,
         "messages": len(sent),
         "publish_seconds": round(last - first, 3),
@@ -487,19 +564,39 @@ def sample(
         "publish_to_ledger_commit_mark": stats(to_commit),
         "exactly_once": {k: landed[k] for k in ("rows", "missing", "duplicates", "unexpected")},
         "unobserved_rows": landed["unobserved"],
-        "watcher": watcher.resolution(),
+        "watcher": run.watcher.resolution(),
         "spark_batches": len(jobs),
         "rows_per_batch_median": statistics.median(r for _, r, _ in jobs) if jobs else None,
         "job_seconds_median": statistics.median(s for *_, s in jobs) if jobs else None,
         "spark_job_seconds_median": statistics.median(spark_jobs) if spark_jobs else None,
         "job_seconds_max": max(s for *_, s in jobs) if jobs else None,
-        "batch_interval_median": statistics.median(np.diff(commits)) if len(commits) > 2 else None,
-        "cpu_table_window": result.get("cpu_table_window"),
-        "ledger_inbox_max": (result.get("during_ingest") or {}).get("ledger_inbox_max"),
-        "ledger_waiting_publishes_max": (result.get("during_ingest") or {}).get(
-            "ledger_waiting_publishes_max"
+        "batch_interval_median": statistics.median(intervals) if intervals else None,
+        "cpu_table_window": windows[0] if len(windows) == 1 else windows,
+        "ledger_inbox_max": _largest([d.get("ledger_inbox_max") for d in during]),
+        "ledger_waiting_publishes_max": _largest(
+            [d.get("ledger_waiting_publishes_max") for d in during]
         ),
     }
+
+
+def sample(
+    ctx: Context,
+    worker: GatewayWorker,
+    load: float,
+    rate: float,
+    seconds: float,
+    config: str = "default",
+) -> dict:
+    """fxgate running on `config`; `rate` msg/s published for `seconds`; every row's latency."""
+    messages = sample_messages(rate, seconds)
+    directory = ctx.next_dir(f"latency-{round(100 * load)}-{config}")
+    data = directory / "data"
+    seed = ctx.seed()
+    landing = Landing(worker, CONFIGS[config], FXGATE_CLIENT_ID, READERS_TOPIC, messages, data)
+    run = publish_and_land(directory, [landing], data / "tables", rate, messages, seconds, seed)
+    figures = landing_figures(run, [landing])
+    shutil.rmtree(directory, ignore_errors=True)
+    return {"config": config, "load": load, "rate_requested": rate, **figures}
 
 
 # -- the benchmark ------------------------------------------------------------------------------
@@ -525,7 +622,7 @@ PLAN = (
 )
 
 
-def _summarize_level(mine: list[dict], config: str, load: float, rate: float, target) -> dict:
+def summarize_level(mine: list[dict], config: str, load: float, rate: float, target) -> dict:
     achieved = statistics.median(s["rate_achieved"] for s in mine)
     p99 = statistics.median(s["latency"]["p99"] for s in mine)
     missing = sum(s["exactly_once"]["missing"] for s in mine)
@@ -611,7 +708,7 @@ def run(ctx: Context) -> dict:
             if s["load"] == load and s["config"] == config and s["round"] in used_rounds
         ]
         target = targets[config] if load == TARGET_LOAD else None
-        levels.append(_summarize_level(mine, config, load, rate_at[load], target))
+        levels.append(summarize_level(mine, config, load, rate_at[load], target))
     default_linger = configs["default"]["linger_seconds"]
     result = {
         "kind": "fxgate-bench",

@@ -20,6 +20,7 @@ MODULES = (
     "bench.loss",
     "bench.compaction",
     "bench.delta_log",
+    "bench.group",
     "bench.start",
     "bench.parse_where",
     "bench.windows",

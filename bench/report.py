@@ -31,6 +31,7 @@ ORDER = (
     "outage",
     "durability",
     "loss",
+    "group",
 )
 TABLE_FILE = "README-table.md"
 

@@ -28,11 +28,12 @@ A shared group's tables (DESIGN §7.12): the members of one environment's shared
 land into one table per name. A broker may hand a read to a second member while the first has it
 journaled (HiveMQ CE at a member's disconnect, EMQX at its session's expiry; MQTT 5 §4.8.2 allows
 it), so both members land it; the table is the idempotent receiver. `GroupTableWriter` lands
-each table's rows with an insert-if-absent merge on the row's identity (`IDENTITY`), in one
-commit that still carries the member's own (application id, batch id). Delta's conflict check
-orders concurrent merges: a merge whose read a concurrent commit touched fails
-(`CommitFailedError`) and is merged again from the new snapshot, which then skips the rows the
-other member landed. A blind append would never conflict, so a group member never appends.
+each table's rows insert-if-absent on the row's identity (`IDENTITY`), in one commit that
+still carries the member's own (application id, batch id) and also the group's transaction
+identifier. Delta's conflict check orders the members: a commit decided on a snapshot that
+another member's commit has since changed fails (`CommitFailedError`) and is made again from
+the new snapshot, which then skips the rows the other member landed. A blind append would never
+conflict, so a group member never appends without the group's identifier.
 
 What every Delta reader can read (delta-rs, delta-spark, DuckDB's delta extension): timestamps
 as UTC microseconds (Delta `timestamp`, never `timestamp_ntz`), every column nullable (NOT NULL
@@ -51,7 +52,9 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pyarrow as pa
@@ -89,8 +92,9 @@ UTC_MICROS = pa.timestamp("us", tz="UTC")
 # committed (ArrowTableWriter); one table of a batch committed, the next not yet (both writers).
 LANDED_NOT_COMMITTED = "landing_after_write_before_commit"
 BETWEEN_TABLES = "landing_between_tables"
-# A group member's snapshot of a table is read, its merge not begun (GroupTableWriter): a test
-# commits another member's batch here to make the two race, and a kill here loses nothing.
+# A group member has read a table's snapshot and found which of its rows are absent, and has not
+# committed them (GroupTableWriter): a test commits another member's batch here to make the two
+# race, and a kill here loses nothing.
 BEFORE_MERGE = "group_before_merge"
 
 # A shared group's tables (DESIGN §7.12). The table property naming the group whose table it is
@@ -107,8 +111,8 @@ MAINTAINED_BY = "fxgate.maintenance"
 # The column a group member adds to every row it lands: which member it was (its client id),
 # so that `batch_id`, each member's own, is read with it, and a member's share is a count.
 LANDED_BY = "landed_by"
-# The columns that name one row of each table: a group's merge inserts a row only when no row
-# with the same values is there. A read's `message_id` comes from its message's key (topic and
+# The columns that name one row of each table: a group member lands a row only when no row with
+# the same values is there. A read's `message_id` comes from its message's key (topic and
 # payload: the same whichever member received it); a message's dead letter is one per sink and
 # reason; a life-cycle event's id is its own.
 IDENTITY: dict[str, tuple[str, ...]] = {
@@ -119,13 +123,14 @@ IDENTITY: dict[str, tuple[str, ...]] = {
 }
 # A column every member sees the same for one row (the reader's or the event's own clock, never
 # the receive time: a read handed to a second member is received later, perhaps on the next day,
-# in another `date` partition). The merge reads only the files whose statistics overlap the
-# batch's range of it, so its cost follows the batch, not the table's age.
+# in another `date` partition). A member reads only the files whose statistics overlap the
+# batch's range of it, so a landing's cost follows the batch, not the table's age; every file
+# fxgate writes has those statistics (`_write_files`).
 PRUNED_BY: dict[str, str] = {READS: "event_time", READER_EVENTS: "event_time", EVENTS: "time"}
 # How delta-rs says that a data file of the snapshot it read is not there any more.
 _MISSING_FILE = re.compile(r"not found|No such file", re.IGNORECASE)
-# Merges in a row that another member's commit may make fail before the batch fails (the
-# writer actor then retries it after its backoff, as any failed write).
+# Landings of one table in a row that another member's commit may make fail before the batch
+# fails (the writer actor then retries it after its backoff, as any failed write).
 MERGE_ATTEMPTS = 8
 
 # Table properties of every table fxgate creates (spark/maintenance.py keeps them up to date).
@@ -398,17 +403,23 @@ class ArrowTableWriter:
             return False
         table = _as_table_types(delta, table)
         add_new_columns(delta, table.schema)
-        adds = _write_files(Path(path), table)
+        adds = _write_files(Path(path), table, _stats_of(name))
         self._checkpoint(LANDED_NOT_COMMITTED)
         commit_files(delta, adds, self._app_id, batch_id)
         return True
 
 
 def commit_files(
-    delta, adds: list, app_id: str, version: int, metadata: Mapping[str, str] | None = None
+    delta,
+    adds: list,
+    app_id: str,
+    version: int,
+    metadata: Mapping[str, str] | None = None,
+    also: Sequence[tuple[str, int]] = (),
 ) -> None:
     """Commit the written files `adds` as one append carrying the transaction (app_id,
-    version): the one place a Delta commit of ours is made with delta-rs."""
+    version), and the transactions `also`: the one place a Delta commit of ours is made with
+    delta-rs."""
     from deltalake import CommitProperties, Transaction
 
     delta.create_write_transaction(
@@ -418,7 +429,8 @@ def commit_files(
         partition_by=list(PARTITION_COLUMNS),
         commit_properties=CommitProperties(
             custom_metadata=dict(metadata) if metadata else None,
-            app_transactions=[Transaction(app_id, version)],
+            app_transactions=[Transaction(app_id, version)]
+            + [Transaction(other, number) for other, number in also],
         ),
     )
 
@@ -459,8 +471,10 @@ def add_new_columns(delta, schema: pa.Schema) -> None:
     )
 
 
-def _write_files(table_dir: Path, table: pa.Table) -> list:
-    """One synced Parquet file per date of `table` under ``date=D/``; their Delta add actions."""
+def _write_files(table_dir: Path, table: pa.Table, stats: Sequence[str] = ()) -> list:
+    """One synced Parquet file per date of `table` under ``date=D/``; their Delta add actions,
+    each with its row count and the min and max of the timestamp columns `stats` (what lets a
+    reader, and a group member looking for a read, skip the file)."""
     from deltalake.transaction import AddAction
 
     token = uuid.uuid4().hex
@@ -484,23 +498,65 @@ def _write_files(table_dir: Path, table: pa.Table) -> list:
                 {DATE: date},
                 int(stat.st_mtime * 1000),
                 True,
-                json.dumps({"numRecords": rows.num_rows}),
+                json.dumps(_statistics(rows, stats)),
             )
         )
     return adds
 
 
+def _statistics(rows: pa.Table, columns: Sequence[str]) -> dict:
+    """Delta file statistics: the row count, and for each timestamp column of `columns` that
+    has values its null count, min and max. Delta keeps timestamp statistics to the
+    millisecond: the min is rounded down and the max up, so the range holds every value."""
+    found: dict = {"numRecords": rows.num_rows}
+    for name in columns:
+        if name not in rows.schema.names or not pa.types.is_timestamp(rows.schema.field(name).type):
+            continue
+        column = rows.column(name)
+        low, high = pc.min_max(column).values()
+        if not low.is_valid:
+            continue
+        micros_low = low.cast(UTC_MICROS).value
+        micros_high = high.cast(UTC_MICROS).value
+        found.setdefault("minValues", {})[name] = _millis_text(micros_low // 1000)
+        found.setdefault("maxValues", {})[name] = _millis_text(-(-micros_high // 1000))
+        found.setdefault("nullCount", {})[name] = column.null_count
+    return found
+
+
+def _millis_text(millis: int) -> str:
+    seconds, fraction = divmod(millis, 1000)
+    when = datetime.fromtimestamp(seconds, UTC)
+    return f"{when:%Y-%m-%dT%H:%M:%S}.{fraction:03d}Z"
+
+
+def _stats_of(name: str) -> tuple[str, ...]:
+    column = PRUNED_BY.get(name)
+    return () if column is None else (column,)
+
+
 class GroupTableWriter(ArrowTableWriter):
-    """A shared group member's landing: each table's rows by an insert-if-absent merge (see the
-    module), with no lock between the members; the same exactly-once contract and application
-    ids as `ArrowTableWriter` for the member's own batches.
+    """A shared group member's landing: each table's rows insert-if-absent (see the module),
+    with no lock between the members; the same exactly-once contract and application ids as
+    `ArrowTableWriter` for the member's own batches.
 
     For each table of a batch: read the table's snapshot (skip the table if this member's
-    application id has the batch already), add any new column, then merge: rows whose identity
-    (`IDENTITY`) is not in the table are inserted, in one commit carrying (application id, batch
-    id). A merge that loses a commit race is merged again from the new snapshot, up to
-    `MERGE_ATTEMPTS` times; `take_merge_counts` says how many were, and how many reads (rows of
-    `reads`) another member had landed first.
+    application id has the batch already) and add any new column; read the identities
+    (`IDENTITY`) of the rows in the files that can hold one of the batch's rows (their
+    statistics of `PRUNED_BY` overlap the batch's range, or they have none); write the batch's
+    rows whose identity is not among them, and commit them in one append carrying two
+    transaction identifiers: the member's (application id, batch id), and the group's
+    (`group_application_id`, the next number). Delta fails a commit when a concurrent commit
+    carries a transaction of the same application id, so every commit of the group's into a
+    table was decided on a snapshot holding every commit of the group's before it: what another
+    member landed meanwhile makes the commit fail, and it is made again from the new snapshot,
+    up to `MERGE_ATTEMPTS` times. A batch whose rows are all there commits nothing.
+
+    Why not delta-rs's MERGE (`when_not_matched_insert_all`), which inserts the same rows and
+    fails on a concurrent commit over the files it read: measured here, 400 reads into a table
+    of 100 files took a MERGE 15-20 ms (30 ms with its planning) against 10 ms for an append,
+    and reading the candidate files' identities 3-4 ms; a group's landing is to keep half a
+    gateway alone's rows/s (`make bench`, group-landing).
     """
 
     def __init__(
@@ -516,9 +572,12 @@ class GroupTableWriter(ArrowTableWriter):
     ) -> None:
         super().__init__(session, tables_dir, app_id, checkpoint, properties)
         self._group = group
+        self._group_app = group_application_id(group)
         self._member = member
         self._retries = 0
         self._already = 0
+        # Per landing of a table: how many data files its identities were read from.
+        self._files_read: list[int] = []
 
     @property
     def group(self) -> str:
@@ -528,13 +587,18 @@ class GroupTableWriter(ArrowTableWriter):
         return {GROUP_OF: self._group}
 
     def take_merge_counts(self) -> tuple[int, int]:
-        """(merges retried, reads another member had landed) since the last call."""
+        """(landings retried, reads another member had landed) since the last call."""
         counts = self._retries, self._already
         self._retries = self._already = 0
         return counts
 
+    def take_files_read(self) -> list[int]:
+        """For each landing of a table since the last call, the data files read (the candidates
+        `absent_rows` read the identities of): what keeps a landing's cost that of its batch."""
+        found, self._files_read = self._files_read, []
+        return found
+
     def _append(self, name: str, path: str, table: pa.Table) -> bool:
-        from deltalake import CommitProperties, Transaction
         from deltalake.exceptions import CommitFailedError, DeltaError
 
         batch_id = int(table.column(BATCH_ID)[0].as_py())
@@ -542,53 +606,52 @@ class GroupTableWriter(ArrowTableWriter):
             table = table.append_column(
                 pa.field(LANDED_BY, pa.string()), pa.repeat(pa.scalar(self._member), table.num_rows)
             )
-        predicate = merge_predicate(name, table)
+        landing: _Landing | None = None
         for attempt in range(1, MERGE_ATTEMPTS + 1):
             try:
-                delta = self._table(path, table.schema)
-                done = delta.transaction_version(self._app_id)
-                if done is not None and done >= batch_id:
-                    return False
-                typed = _as_table_types(delta, table)
-                add_new_columns(delta, typed.schema)
-                self._checkpoint(BEFORE_MERGE)
-                metrics = (
-                    delta.merge(
-                        typed,
-                        predicate,
-                        source_alias="s",
-                        target_alias="t",
-                        # The whole batch in memory: its statistics prune the target's files
-                        # (a streamed source has none, and the merge would read every file).
-                        streamed_exec=False,
-                        commit_properties=CommitProperties(
-                            app_transactions=[Transaction(self._app_id, batch_id)]
-                        ),
+                if landing is None:
+                    landing = self._decide(name, path, table, batch_id)
+                    if landing is None:
+                        return False  # this member's batch is in already
+                else:
+                    # Lost a race: only the files committed since the snapshot can hold one of
+                    # the rows written (decided against that snapshot); those rows are written
+                    # again only when another member landed some of them meanwhile.
+                    self._redecide(landing, name, path)
+                if landing.fresh.num_rows:
+                    if landing.adds is None:
+                        landing.adds = _write_files(Path(path), landing.fresh, _stats_of(name))
+                        self._checkpoint(LANDED_NOT_COMMITTED)
+                    turn = (landing.delta.transaction_version(self._group_app) or 0) + 1
+                    commit_files(
+                        landing.delta,
+                        landing.adds,
+                        self._app_id,
+                        batch_id,
+                        also=[(self._group_app, turn)],
                     )
-                    .when_not_matched_insert_all()
-                    .execute()
-                )
-            except (CommitFailedError, DeltaError) as error:
+            except (CommitFailedError, DeltaError, FileNotFoundError) as error:
                 # A commit race; or a file of the snapshot read gone, replaced by another
-                # member's OPTIMIZE and deleted by a VACUUM whose retention that snapshot outlived.
-                if not isinstance(error, CommitFailedError) and not _MISSING_FILE.search(
-                    str(error)
-                ):
+                # member's OPTIMIZE and deleted by a VACUUM whose retention that snapshot outlived
+                # (then the whole landing is decided again).
+                raced = isinstance(error, CommitFailedError)
+                if not raced and not _MISSING_FILE.search(str(error)):
                     raise
+                if not raced:
+                    landing = None
                 self._retries += 1
-                first = (str(error).splitlines() or ["a concurrent commit"])[0]
                 if attempt == MERGE_ATTEMPTS:
                     raise
                 logger.info(
-                    "batch %d, table %s: another commit came first (%s); merging again "
+                    "batch %d, table %s: another commit came first (%s); landing again "
                     "(attempt %d)",
                     batch_id,
                     name,
-                    first,
+                    (str(error).splitlines() or ["a concurrent commit"])[0],
                     attempt + 1,
                 )
                 continue
-            already = typed.num_rows - int(metrics.get("num_target_rows_inserted", 0))
+            already = landing.rows - landing.fresh.num_rows
             if name == READS:
                 self._already += already
             if already:
@@ -597,39 +660,125 @@ class GroupTableWriter(ArrowTableWriter):
                     batch_id,
                     name,
                     already,
-                    typed.num_rows,
+                    landing.rows,
                 )
             return True
         raise AssertionError("unreachable")
 
+    def _decide(self, name: str, path: str, table: pa.Table, batch_id: int) -> _Landing | None:
+        """The rows of the batch that the table's current snapshot lacks (None: the member's
+        application id has the batch in already)."""
+        delta = self._table(path, table.schema)
+        done = delta.transaction_version(self._app_id)
+        if done is not None and done >= batch_id:
+            return None
+        typed = _as_table_types(delta, table)
+        add_new_columns(delta, typed.schema)
+        candidates = candidate_files(delta, name, typed)
+        self._files_read.append(len(candidates))
+        fresh = absent_rows(delta, Path(path), name, typed, candidates)
+        self._checkpoint(BEFORE_MERGE)
+        return _Landing(delta, typed.num_rows, fresh, _live_paths(delta))
 
-def merge_predicate(name: str, table: pa.Table) -> str:
-    """The merge's condition for table `name`: the identity's columns equal, and, where every
-    row of the batch has it, the pruning column (`PRUNED_BY`) within the batch's range, so that
-    the merge reads only the files that can hold a row of the batch. A row equal on the identity
-    has the same pruning value (the same read), so the range never hides one."""
-    names = table.schema.names
-    try:
-        identity = IDENTITY[name]
-    except KeyError:
-        raise ValueError(f"no identity known for table {name!r}") from None
-    missing = [column for column in identity if column not in names]
+    def _redecide(self, landing: _Landing, name: str, path: str) -> None:
+        delta = landing.delta
+        delta.update_incremental()
+        add_new_columns(delta, landing.fresh.schema)
+        live = _live_paths(delta)
+        new = live - landing.seen
+        landing.seen = live
+        if not new or not landing.fresh.num_rows:
+            return
+        candidates = [f for f in candidate_files(delta, name, landing.fresh) if f in new]
+        self._files_read.append(len(candidates))
+        still = absent_rows(delta, Path(path), name, landing.fresh, candidates)
+        if still.num_rows < landing.fresh.num_rows:
+            landing.fresh, landing.adds = still, None  # the files written go at a VACUUM
+
+
+@dataclass(slots=True)
+class _Landing:
+    """One table's landing of a batch by a group member, across its attempts."""
+
+    delta: object  # the DeltaTable, brought up to date at each attempt
+    rows: int  # the batch's rows for the table
+    fresh: pa.Table  # those the table lacked at the last look
+    seen: set[str]  # the data files of the snapshot the last look read
+    adds: list | None = None  # the files written of `fresh`, not yet committed
+
+
+def _live_paths(delta) -> set[str]:
+    return set(pa.table(delta.get_add_actions(flatten=False)).column("path").to_pylist())
+
+
+def group_application_id(group: str) -> str:
+    """The Delta application id every member of `group` puts in each commit into the group's
+    tables: Delta lets no two commits carrying it be decided on the same snapshot."""
+    return f"fxgate-group-{group}"
+
+
+def absent_rows(
+    delta, table_dir: Path, name: str, batch: pa.Table, files: Sequence[str] | None = None
+) -> pa.Table:
+    """The rows of `batch` whose identity (`IDENTITY[name]`) no row of the table's snapshot
+    `delta` has, each once. Only the files that can hold one of them are read, and only their
+    identity columns: where every row of the batch has the pruning column (`PRUNED_BY`), the
+    files whose statistics of it overlap the batch's range, or that have none; else every
+    file (`files`, when the caller has them already). A row equal on the identity is the same
+    read, with the same pruning value, so the range never hides one."""
+    columns = IDENTITY.get(name)
+    if columns is None:
+        raise ValueError(f"no identity known for table {name!r}")
+    missing = [column for column in columns if column not in batch.schema.names]
     if missing:
         raise ValueError(f"table {name!r} lacks its identity column(s) {missing}")
-    terms = [f"t.{column} = s.{column}" for column in identity]
+    if files is None:
+        files = candidate_files(delta, name, batch)
+    if files:
+        landed = pq.read_table([str(table_dir / file) for file in files], columns=list(columns))
+        present = _identity(landed, columns)
+    else:
+        present = pa.array([], pa.string())
+    keys = _identity(batch, columns)
+    return batch.filter(pc.invert(pc.is_in(keys, value_set=present)))
+
+
+def candidate_files(delta, name: str, batch: pa.Table) -> list[str]:
+    """The data files (relative paths) of the snapshot that can hold a row of `batch`: see
+    `absent_rows`."""
+    actions = pa.table(delta.get_add_actions(flatten=True))
+    if not actions.num_rows:
+        return []
     column = PRUNED_BY.get(name)
-    if column in names and table.num_rows and not table.column(column).null_count:
-        low, high = pc.min_max(table.column(column)).values()
-        terms += [f"t.{column} >= {_literal(low)}", f"t.{column} <= {_literal(high)}"]
-    return " AND ".join(terms)
+    low_name, high_name = f"min.{column}", f"max.{column}"
+    if (
+        column is None
+        or column not in batch.schema.names
+        or not batch.num_rows
+        or batch.column(column).null_count
+        or low_name not in actions.schema.names
+        or high_name not in actions.schema.names
+    ):
+        return actions.column("path").to_pylist()
+    low, high = pc.min_max(batch.column(column)).values()
+    file_low = actions.column(low_name).cast(UTC_MICROS)
+    file_high = actions.column(high_name).cast(UTC_MICROS)
+    overlaps = pc.and_(
+        pc.greater_equal(file_high, low.cast(UTC_MICROS)),
+        pc.less_equal(file_low, high.cast(UTC_MICROS)),
+    )
+    unknown = pc.or_(pc.is_null(file_low), pc.is_null(file_high))
+    keep = pc.fill_null(pc.or_(overlaps, unknown), True)
+    return actions.filter(keep).column("path").to_pylist()
 
 
-def _literal(value: pa.Scalar) -> str:
-    """A timestamp scalar as a SQL literal DataFusion reads back to the microsecond."""
-    if not pa.types.is_timestamp(value.type):
-        raise ValueError(f"cannot prune on a {value.type} column")
-    micros = value.cast(pa.timestamp("us", tz="UTC")).value
-    return f"arrow_cast({micros}, 'Timestamp(Microsecond, Some(\"UTC\"))')"
+def _identity(table: pa.Table, columns: Sequence[str]) -> pa.Array:
+    """One string per row naming its identity; a null part is a value of its own."""
+    parts = [
+        pc.fill_null(pc.cast(table.column(column), pa.string()), "\x00").combine_chunks()
+        for column in columns
+    ]
+    return parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "\x1f")
 
 
 class TablesOfAnotherGroup(ValueError):
@@ -641,9 +790,10 @@ def check_group(tables_dir: Path, group: str | None) -> list[str]:
     """Refuse tables that are not this gateway's to land in (`TablesOfAnotherGroup`, naming the
     table, its group and this gateway's), before anything is written: a member of `group`
     (`{group}-{environment}`, None for a gateway alone) lands only into tables of that group or
-    into tables it makes; a gateway alone never into a group's, whose members land by merges
-    while its appends would not conflict with them. A group member adopts the tables a gateway
-    alone left there (a group scaling out from one gateway keeps its table); their names."""
+    into tables it makes; a gateway alone never into a group's, since its appends carry no
+    group transaction identifier and would not conflict with the members' commits. A group
+    member adopts the tables a gateway alone left there (a group scaling out from one gateway
+    keeps its table); their names."""
     from deltalake import DeltaTable
 
     adopted = []
@@ -660,7 +810,7 @@ def check_group(tables_dir: Path, group: str | None) -> list[str]:
             adopted.append(name)
             logger.warning(
                 "Delta table %s: landed by a gateway alone until now, from now on by the "
-                "members of group %s (insert-if-absent merges); a gateway alone must not "
+                "members of group %s (insert-if-absent); a gateway alone must not "
                 "write it any more",
                 path,
                 group,
@@ -668,10 +818,10 @@ def check_group(tables_dir: Path, group: str | None) -> list[str]:
             continue
         if group is None:
             raise TablesOfAnotherGroup(
-                f"{path} is the table of shared group {owner!r}, whose members land it by "
-                "merges; this gateway has no [source] shared_subscription_group. Join the "
-                "group (its shared_subscription_group and environment_id), or give this "
-                "gateway a [spark] tables_dir of its own"
+                f"{path} is the table of shared group {owner!r}, whose members land each "
+                "read once between them; this gateway has no [source] "
+                "shared_subscription_group. Join the group (its shared_subscription_group and "
+                "environment_id), or give this gateway a [spark] tables_dir of its own"
             )
         raise TablesOfAnotherGroup(
             f"{path} is the table of shared group {owner!r}, and this gateway is a member of "

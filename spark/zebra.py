@@ -553,7 +553,7 @@ def _management_event(doc: dict) -> ManagementEvent:
         raise PayloadError(INVALID_MANAGEMENT_EVENT, exc.detail) from None
     except (UnicodeEncodeError, ValueError, RecursionError) as exc:
         raise PayloadError(INVALID_MANAGEMENT_EVENT, f"{type(exc).__name__}: {exc}") from None
-    counters = _path_counters(data) if kind.lower() == HEARTBEAT else None
+    counters = data_path_counters(data) if kind.lower() == HEARTBEAT else None
     return ManagementEvent(kind, event_time, component, event_num, data_json, counters)
 
 
@@ -563,7 +563,10 @@ def _invalid(field: str, expected: str, value: object) -> PayloadError:
     )
 
 
-def _path_counters(data: dict) -> DataPathCounters | None:
+def data_path_counters(data: dict) -> DataPathCounters | None:
+    """The reader gateway's data-message counters of a heartbeat's `data` (summed over its data
+    paths), or None when it carries none; also what the tables' reconciliation reads back from
+    a stored heartbeat (spark/reconcile.py)."""
     gateway = data.get("reader_gateway")
     if not isinstance(gateway, dict):
         return None

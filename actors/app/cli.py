@@ -376,11 +376,13 @@ def report(config_path: Path | None, manifest: Path, no_progress: bool) -> None:
 def audit(
     config_path: Path | None, tables_dirs: tuple[str, ...], as_json: bool, no_progress: bool
 ) -> None:
-    """Find every lost read: the eventNum gaps per reader in the reads table.
+    """Find every lost read: the eventNum gaps per reader in the reads table, and each reader's
+    heartbeat counters reconciled with the data messages in the table.
 
     Exit status 0 when nothing is missing, 1 when something is, 2 when it could not audit."""
     from spark.audit import AuditError, audit_tables, check_tables_dir
     from spark.location import parse_location
+    from spark.reconcile import reconcile_tables
     from spark.session import stop_session
 
     config = _load(config_path)
@@ -399,6 +401,8 @@ def audit(
             session = command_session(config, "audit")
             try:
                 result = audit_tables(session, locations, progress)
+                progress.advance(0, note="reconciling the readers' heartbeats")
+                reconciled = reconcile_tables(session, locations)
             finally:
                 stop_session(session)
     except AuditError as error:
@@ -412,10 +416,13 @@ def audit(
         )
         sys.exit(2)
     if as_json:
-        click.echo(json.dumps(result.to_json(), indent=2))
+        reconciliation = {name: reconciled[name].to_json() for name in sorted(reconciled)}
+        click.echo(json.dumps({**result.to_json(), "reconciliation": reconciliation}, indent=2))
     else:
         for line in result.lines():
             click.echo(line)
+        for name in sorted(reconciled):
+            click.echo(f"heartbeats: {reconciled[name].line()}")
     sys.exit(0 if result.complete else 1)
 
 

@@ -539,7 +539,7 @@ def _landing(snapshot: dict) -> Iterator[Metric]:
         yield _counter(
             "fxgate_group_rows_already_landed",
             "Reads of this member's batches that another member of its shared group had landed "
-            "in the group's table first (a broker gave them to both); the merge skipped them.",
+            "in the group's table first (a broker gave them to both); the landing skipped them.",
             group.get("already_landed", 0),
         )
         yield _counter(

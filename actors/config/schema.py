@@ -676,7 +676,7 @@ class SparkConfig(_Section):
     directory), a `file:` URI, or a URI the whole cluster reaches (`hdfs://namenode:8020/fxgate`,
     `s3a://bucket/fxgate`). Credentials never go in the URI: give them in `[spark.conf]` or the
     environment. The members of a `source.shared_subscription_group` share one: the group's
-    tables, on this machine's disk (landed by delta-rs merges in the daemon)."""
+    tables, on this machine's disk (landed by delta-rs in the daemon)."""
     # A Spark job costs ~0.1 s fixed with landing = "spark", hence tens of packs per commit (§4).
     batch_max_rows: int = Field(20000, ge=1)
     """Rows are appended in one Delta commit per table per batch, written when this many rows
@@ -1179,7 +1179,7 @@ def load_config(
 
 
 def _group_errors(source: SourceConfig, spark: SparkConfig) -> list[str]:
-    """A shared group's members land into one table by delta-rs merges (DESIGN §7.12), which
+    """A shared group's members land into one table through delta-rs (DESIGN §7.12), which
     run in the daemon's process on tables it reaches as files."""
     group = source.shared_subscription_group
     if not group or spark.lands_with_arrow:
@@ -1193,7 +1193,7 @@ def _group_errors(source: SourceConfig, spark: SparkConfig) -> list[str]:
     )
     return [
         f"source.shared_subscription_group = {group!r}: the members of a shared group land "
-        "into the group's one table by delta-rs merges in the daemon, which needs a local "
+        "into the group's one table through delta-rs in the daemon, which needs a local "
         f'master, landing = "auto" and a local tables_dir ({why}); a Spark landing would '
         "append, and the group's table would hold the reads a broker gives two members twice"
     ]

@@ -183,6 +183,30 @@ def test_a_message_that_expired_in_flight_is_dead_lettered_not_sent_again(forwar
     assert client.published_keys() == ["k1", "k2", "k2"]
 
 
+def test_a_refusing_pubrec_for_a_released_packet_is_no_refusal_and_nothing_is_published_again(
+    forwarder,
+):
+    """Measured with Mochi 2.7.9 after a reconnect: its stored PUBREC 0x00 for the id, then, for
+    fxgate's DUP re-send of the same PUBLISH, PUBREC 0x91 (packet identifier in use), then
+    PUBCOMP. The exchange completes once; the 0x91 is no refusal to retry under a new id."""
+    ref, client, clock, ledger = forwarder(qos=2, processing_timeout=20.0)
+    ref.tell(PackSealed(Pack(1, (record(1),))))
+    (first,) = client.wait_sent(1)
+    packet_id = first[2]
+    ref.tell(SessionStarted(2, True, 65535))
+    client.wait_sent(2)  # the DUP re-send after the reconnect
+    ref.tell(OutboundAck(2, packet_id, AckType.PUBREC, 0, "Success"))
+    assert client.wait_sent(3)[2] == ("PUBREL", packet_id)
+    ref.tell(OutboundAck(2, packet_id, AckType.PUBREC, 0x91, "Packet identifier in use"))
+    ref.tell(OutboundAck(2, packet_id, AckType.PUBCOMP, 0, "Success"))
+    (report,) = ledger.wait_for(1)
+    assert report.done == (1,) and report.dead == ()
+    clock.advance(40.0)  # past the pack's retry: nothing is published again
+    ref.proxy().status().get(timeout=5)
+    assert client.published_keys() == ["k1", "k1"]
+    assert [s[4] for s in client.sent if s[0] == "PUBLISH"] == [False, True]
+
+
 # -- Order per reader after a refusal -----------------------------------------------------------
 
 

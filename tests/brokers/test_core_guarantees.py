@@ -128,22 +128,19 @@ UPSTREAM_THREAD_DIED = r"Exception in thread paho-mqtt-client-fxgate-upstream"
 # member that lands second says so ("already landed by another member"). Upstream, each member
 # forwards what it received: such a read goes up once from each (ALREADY_LANDED counts them).
 ALREADY_LANDED = r"table reads: (\d+) of \d+ row\(s\) already landed by another member"
-# Measured with HiveMQ CE: after its graceful restart, 6 to 20 reads (seven runs) went to the
-# cloud subscriber twice though each table held them once. Only a2 was connected at the restart
-# (its upstream session present again after it); a1, killed earlier, restarted with nothing in
-# flight upstream, so its kill re-sent nothing. fxgate re-sends unacknowledged PUBLISH with the
-# same packet ids and DUP (§3.2), and HiveMQ grants a2's upstream a Receive Maximum of 10, so
-# runs with more than 10 point at the exchanges to the cloud subscriber (paho's Receive Maximum
-# 65,535); which of HiveMQ's two QoS 2 exchanges lost its state in the restart is not yet
-# located. mosquitto's graceful restart shows none.
-# Mochi 2.7.9, once fxgate's upstream survived its PUBACK 0x01 (actors/mqtt/upstream.py): 3
-# reads twice at the cloud subscriber after its graceful restart, each table holding them once.
-# Both deliver a QoS 2 message at PUBLISH (mosquitto at PUBREL, which shows none).
+# After a graceful restart HiveMQ CE (6-20 reads in seven runs) and Mochi 2.7.9 (3) delivered QoS
+# 2 reads to the cloud subscriber twice, each table holding them once. Located on the wire
+# (tests/brokers/test_restart_qos2.py): each broker loses QoS 2 state across its restart, HiveMQ
+# the packet ids it received from fxgate and had not been released from (it takes fxgate's DUP
+# re-send for a new message), Mochi that the subscriber had PUBRECed (it re-sends the PUBLISH,
+# not the PUBREL). mosquitto keeps both.
 RESTART_QOS2 = {
-    kind: f"{name} delivered QoS 2 reads in flight at its graceful restart to the cloud "
-    "subscriber twice (not yet located: its inbound state for fxgate's upstream session or its "
-    "outbound state for the subscriber)"
-    for kind, name in (("hivemq", "HiveMQ CE"), ("mochi", "Mochi 2.7.9"))
+    "hivemq": "HiveMQ CE delivered QoS 2 reads cut by its graceful restart to the cloud "
+    "subscriber twice: it keeps the ids of QoS 2 PUBLISHes it has not been released from in "
+    "memory only, and took fxgate's DUP re-send of each for a new message",
+    "mochi": "Mochi 2.7.9 delivered QoS 2 reads cut by its graceful restart to the cloud "
+    "subscriber twice: it does not store that the subscriber PUBRECed them, and re-sent the "
+    "PUBLISH instead of the PUBREL",
 }
 # Measured with Mochi v2.7.9: what it queued for a1 while a1 was down it re-sends at a1's
 # connect sorted by creation second, unstably within one (Inflight.GetAll), so a reader's reads

@@ -303,7 +303,7 @@ def read_loop(
 
 
 # How each engine says that a data file of its snapshot was gone when it went to read it.
-MISSING_FILE = re.compile(r"FILE_NOT_EXIST|FileNotFound|No such file", re.IGNORECASE)
+MISSING_FILE = re.compile(r"FILE_NOT_EXIST|FileNotFound|NoSuchFile|No such file", re.IGNORECASE)
 
 
 # A commit's timestamp is taken as delta-rs prepares it, before the commit file is in place:

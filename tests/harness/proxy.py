@@ -4,10 +4,18 @@ refuse, stall and half-open connections for real, at the socket level.
 One acceptor thread, and one pump thread per connection pair. Each pump is the only owner of its
 two sockets: it alone reads, writes and closes them. Everything else (`cut`, `stall`, `close`, ...)
 changes shared state under one Condition and waits on it; pumps notice within one poll interval.
+
+With `record=True` the proxy also decodes the MQTT packets it passes on, both ways, and keeps one
+`MqttPacket` for each (type, packet id, DUP, QoS, reason code, user properties, ...): what a test
+needs to say which side of an exchange did what, without tcpdump. A packet is recorded when its
+last byte has been written to the side it is for, so the record is what each side was given, in
+that order; bytes dropped by `half_open()`, or held by `stall()` and then cut, are not in it.
+A stream that is not MQTT (or is malformed) is recorded up to where it stops making sense.
 """
 
 from __future__ import annotations
 
+import bisect
 import enum
 import itertools
 import logging
@@ -16,9 +24,32 @@ import socket
 import struct
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import TracebackType
 
+from tests.harness.fake_broker import (
+    CONNACK,
+    CONNECT,
+    DISCONNECT,
+    PUBACK,
+    PUBCOMP,
+    PUBLISH,
+    PUBREC,
+    PUBREL,
+    SUBACK,
+    SUBSCRIBE,
+    UNSUBACK,
+    UNSUBSCRIBE,
+    USER_PROPERTY,
+    MalformedPacket,
+    Reader,
+    split_packet,
+)
+
 log = logging.getLogger(__name__)
+
+AUTH = 15  # the one packet type the fake broker does without
 
 # How long a pump or the acceptor blocks before it looks at the shared state again.
 _POLL_SECONDS = 0.05
@@ -39,6 +70,152 @@ class _Mode(enum.Enum):
     HALF_OPEN = "half-open"  # read and drop everything; never pass a close on
 
 
+# Directions of a recorded packet: "up" towards the target (the broker), "down" towards the client
+# (as bytes_up / bytes_down).
+UP = "up"
+DOWN = "down"
+
+PACKET_TYPES = (
+    None,
+    "CONNECT",
+    "CONNACK",
+    "PUBLISH",
+    "PUBACK",
+    "PUBREC",
+    "PUBREL",
+    "PUBCOMP",
+    "SUBSCRIBE",
+    "SUBACK",
+    "UNSUBSCRIBE",
+    "UNSUBACK",
+    "PINGREQ",
+    "PINGRESP",
+    "DISCONNECT",
+    "AUTH",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MqttPacket:
+    """One MQTT packet the proxy passed on, as far as a protocol trace needs it."""
+
+    at: float  # time.monotonic() when its last byte was written to the side it is for
+    connection: int  # the pair's number: 1 for the first connection the proxy accepted
+    direction: str  # UP (client → target) or DOWN (target → client)
+    kind: str  # "PUBLISH", "PUBREC", ...
+    packet_id: int | None = None
+    dup: bool = False
+    qos: int = 0
+    retain: bool = False
+    # Acks, PUBREL, CONNACK, DISCONNECT, AUTH: their reason code (0 when MQTT 5 leaves it out);
+    # SUBACK / UNSUBACK: the first one.
+    reason_code: int | None = None
+    topic: str | None = None
+    user_properties: tuple[tuple[str, str], ...] = ()
+    client_id: str | None = None  # CONNECT
+    clean_start: bool | None = None  # CONNECT
+    session_present: bool | None = None  # CONNACK
+
+    def user_property(self, name: str) -> str | None:
+        """The first user property of that name, or None."""
+        for key, value in self.user_properties:
+            if key == name:
+                return value
+        return None
+
+    def __str__(self) -> str:
+        parts = [f"#{self.connection} {self.direction:<4} {self.kind}"]
+        if self.packet_id is not None:
+            parts.append(f"id={self.packet_id}")
+        if self.kind == "PUBLISH":
+            parts.append(f"qos={self.qos}")
+            if self.dup:
+                parts.append("DUP")
+        if self.reason_code:
+            parts.append(f"rc=0x{self.reason_code:02x}")
+        if self.client_id is not None:
+            parts.append(f"client={self.client_id} clean_start={int(bool(self.clean_start))}")
+        if self.session_present is not None:
+            parts.append(f"session_present={int(self.session_present)}")
+        parts += [f"{key}={value}" for key, value in self.user_properties]
+        return " ".join(parts)
+
+
+class _MqttTap:
+    """Decodes the two directions of one pair (the fake broker's codec), as MQTT 5 unless the
+    pair's CONNECT announced an older level."""
+
+    def __init__(self, connection: int) -> None:
+        self.connection = connection
+        self.version = 5
+        self.buffers = {UP: bytearray(), DOWN: bytearray()}
+        self.broken: set[str] = set()
+
+    def decode(self, direction: str, data: bytes, at: float) -> list[MqttPacket]:
+        if direction in self.broken:
+            return []
+        buffer = self.buffers[direction]
+        buffer += data
+        found = []
+        try:
+            while (packet := split_packet(buffer)) is not None:
+                found.append(self._packet(direction, *packet, at))
+        except MalformedPacket as error:
+            self.broken.add(direction)
+            log.info(
+                "fault proxy: connection %d %s is not MQTT from here on (%s); not recorded",
+                self.connection,
+                direction,
+                error,
+            )
+        return found
+
+    def _packet(
+        self, direction: str, packet_type: int, flags: int, body: bytes, at: float
+    ) -> MqttPacket:
+        if not 0 < packet_type < len(PACKET_TYPES):
+            raise MalformedPacket(f"packet type {packet_type}")
+        kind = PACKET_TYPES[packet_type]
+        reader = Reader(body)
+        v5 = self.version == 5
+        fields: dict = {}
+        if packet_type == CONNECT:
+            reader.text()  # "MQTT"
+            self.version = reader.u8()
+            connect_flags = reader.u8()
+            reader.u16()  # keep alive
+            if self.version == 5:
+                reader.properties()
+            fields = {"client_id": reader.text(), "clean_start": bool(connect_flags & 0x02)}
+        elif packet_type == CONNACK:
+            fields = {"session_present": bool(reader.u8() & 0x01), "reason_code": reader.u8()}
+        elif packet_type == PUBLISH:
+            qos = (flags >> 1) & 0x03
+            fields = {"dup": bool(flags & 0x08), "qos": qos, "retain": bool(flags & 0x01)}
+            fields["topic"] = reader.text()
+            if qos:
+                fields["packet_id"] = reader.u16()
+            if v5:
+                fields["user_properties"] = tuple(
+                    value for key, value in reader.properties() if key == USER_PROPERTY
+                )
+        elif packet_type in (PUBACK, PUBREC, PUBREL, PUBCOMP):
+            fields = {"packet_id": reader.u16()}
+            # MQTT 5 leaves a success out (§3.4.2.1).
+            fields["reason_code"] = reader.u8() if v5 and reader.remaining() else 0
+        elif packet_type in (SUBSCRIBE, UNSUBSCRIBE):
+            fields = {"packet_id": reader.u16()}
+        elif packet_type in (SUBACK, UNSUBACK):
+            fields = {"packet_id": reader.u16()}
+            if v5:
+                reader.properties()
+            if reader.remaining():
+                fields["reason_code"] = reader.u8()
+        elif packet_type in (DISCONNECT, AUTH):
+            fields = {"reason_code": reader.u8() if reader.remaining() else 0}
+        return MqttPacket(at, self.connection, direction, kind, **fields)
+
+
 class _Pair:
     """One client connection and the upstream connection made for it.
 
@@ -46,9 +223,12 @@ class _Pair:
     pair's pump thread alone.
     """
 
-    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+    def __init__(
+        self, client: socket.socket, upstream: socket.socket, tap: _MqttTap | None = None
+    ) -> None:
         self.client = client
         self.upstream = upstream
+        self.tap = tap  # decodes what is delivered, when the proxy records
         self.doomed = False  # set by cut()/close(): the pump resets both sides and ends
         self.closing = False  # a side closed and the close was passed on; no longer active
         self.closing_since = 0.0
@@ -63,7 +243,8 @@ class _Pair:
 class FaultProxy:
     """Forwards TCP between clients and one target, with faults switched on and off by tests.
 
-    Faults apply to every live pair and to pairs accepted while the fault is on.
+    Faults apply to every live pair and to pairs accepted while the fault is on. With `record`,
+    every MQTT packet passed on is kept (`packets`, `wait_for_packet`).
     """
 
     def __init__(
@@ -72,9 +253,12 @@ class FaultProxy:
         target_port: int,
         listen_host: str = "127.0.0.1",
         listen_port: int | None = None,
+        *,
+        record: bool = False,
     ) -> None:
         self.target_host = target_host
         self.target_port = target_port
+        self.record = record
         self.host = listen_host
         # Where clients connect; a port of 0 is replaced by the free port start() binds.
         self.port = listen_port or 0
@@ -90,6 +274,7 @@ class FaultProxy:
         self._accepted = 0
         self._bytes_up = 0
         self._bytes_down = 0
+        self._packets: list[MqttPacket] = []
 
     # -- life cycle ---------------------------------------------------------------------------
 
@@ -243,6 +428,28 @@ class FaultProxy:
         with self._cond:
             return self._bytes_down
 
+    @property
+    def packets(self) -> list[MqttPacket]:
+        """Every MQTT packet passed on so far, all connections in the order they were written
+        (record=True)."""
+        with self._cond:
+            return list(self._packets)
+
+    def wait_for_packet(
+        self, predicate: Callable[[MqttPacket], bool], timeout: float
+    ) -> MqttPacket | None:
+        """The first recorded packet that satisfies `predicate`, waiting up to `timeout` seconds
+        for one; None if none came. (A predicate on `at` looks only at what came after a time.)"""
+        found: list[MqttPacket] = []
+
+        def seen() -> bool:
+            found[:] = [p for p in self._packets if predicate(p)][:1]
+            return bool(found)
+
+        with self._cond:
+            self._cond.wait_for(seen, timeout)
+        return found[0] if found else None
+
     # -- threads ------------------------------------------------------------------------------
 
     def _set_mode(self, mode: _Mode) -> None:
@@ -253,7 +460,8 @@ class FaultProxy:
 
     def _accept_loop(self) -> None:
         assert self._listener is not None
-        for number in itertools.count(1):
+        accepted = itertools.count(1)
+        while True:
             with self._cond:
                 if self._closed:
                     return
@@ -264,7 +472,7 @@ class FaultProxy:
             except OSError:
                 log.exception("fault proxy on port %d stopped accepting", self.port)
                 return
-            self._admit(client, number)
+            self._admit(client, next(accepted))
 
     def _admit(self, client: socket.socket, number: int) -> None:
         with self._cond:
@@ -277,7 +485,7 @@ class FaultProxy:
                 if upstream is not None:
                     _close(upstream, reset=True)
             else:
-                pair = _Pair(client, upstream)
+                pair = _Pair(client, upstream, _MqttTap(number) if self.record else None)
                 pair.thread = threading.Thread(
                     target=self._pump,
                     args=(pair,),
@@ -362,6 +570,7 @@ class FaultProxy:
 
     def _deliver(self, pair: _Pair) -> bool:
         """Write what is waiting, if forwarding; False when the pair is finished."""
+        delivered: list[tuple[str, bytes, float]] = []  # (direction, bytes, when): the record
         # Non-blocking sends under the lock: once stall() returns nothing more goes out, and a
         # reader that has the bytes sees them counted.
         with self._cond:
@@ -381,6 +590,11 @@ class FaultProxy:
                     pending.clear()
                     pair.ended.add(sock)
                     continue
+                if pair.tap is not None:
+                    # Timed here, under the lock every pair's sends take: the times order the
+                    # packets of all connections as they were written.
+                    direction = UP if sock is pair.upstream else DOWN
+                    delivered.append((direction, bytes(pending[:sent]), time.monotonic()))
                 del pending[:sent]
                 if sock is pair.upstream:
                     self._bytes_up += sent
@@ -388,10 +602,23 @@ class FaultProxy:
                     self._bytes_down += sent
             if not pair.closing and any(not pair.outbox[pair.peer(s)] for s in pair.ended):
                 self._pass_close_on(pair)
+        if delivered:
+            self._record(pair, delivered)
         if not pair.closing:
             return True
         finished = len(pair.ended) == 2 and not any(pair.outbox.values())
         return not finished and time.monotonic() - pair.closing_since < _CLOSE_GRACE
+
+    def _record(self, pair: _Pair, delivered: list[tuple[str, bytes, float]]) -> None:
+        # Decoded outside the lock: the tap belongs to this pump alone.
+        assert pair.tap is not None
+        found = [p for d, data, at in delivered for p in pair.tap.decode(d, data, at)]
+        if found:
+            with self._cond:
+                for packet in found:
+                    # Two pumps may record out of the order their sends took.
+                    bisect.insort(self._packets, packet, key=lambda p: p.at)
+                self._cond.notify_all()
 
     def _pass_close_on(self, pair: _Pair) -> None:
         """A side closed and what it sent first is through: FIN the other side after its bytes.

@@ -1,4 +1,5 @@
-"""FaultProxy against a recording echo server (bytes) and against mosquitto with paho (flap).
+"""FaultProxy against a recording echo server (bytes, and MQTT packets for the proxy's own
+recording) and against mosquitto with paho (flap, a recorded QoS 2 exchange).
 
 Absence of bytes is checked with a bounded wait (a receive timeout); everything else waits on the
 event it expects.
@@ -15,7 +16,21 @@ import paho.mqtt.client as mqtt
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from tests.harness.proxy import FaultProxy
+from actors.mqtt.wire import encode_publish
+from tests.harness.fake_broker import (
+    CONNECT,
+    DISCONNECT,
+    PUBREC,
+    PUBREL,
+    SESSION_EXPIRY_INTERVAL,
+    SUBACK,
+    ack_packet,
+    encode_packet,
+    encode_properties,
+    encode_text,
+)
+from tests.harness.mqtt import Collector, publish_all
+from tests.harness.proxy import DOWN, UP, FaultProxy
 
 TIMEOUT = 10.0
 # How long "nothing arrives" is watched for.
@@ -363,3 +378,116 @@ def test_flap_three_times_sees_a_self_reconnecting_paho_client_connect_four_time
         finally:
             client.disconnect()
             client.loop_stop()
+
+
+# -- recording ----------------------------------------------------------------------------------
+
+
+def mqtt_connect(client_id: str, clean_start: bool = False) -> bytes:
+    flags = 0x02 if clean_start else 0
+    body = encode_text("MQTT") + bytes([5, flags]) + (60).to_bytes(2, "big")
+    properties = encode_properties([(SESSION_EXPIRY_INTERVAL, 3600)])
+    return encode_packet(CONNECT, 0, body + properties + encode_text(client_id))
+
+
+def test_a_recording_proxy_decodes_each_packet_it_passes_on_both_ways_even_split_into_bytes(echo):
+    publish = encode_publish(
+        7, b"cloud/x", b"{}", qos=2, dup=True, user_property=(b"fxgate-key", b"k1")
+    )
+    suback = encode_packet(SUBACK, 0, (3).to_bytes(2, "big") + encode_properties([]) + b"\x02")
+    stream = (
+        mqtt_connect("gw")
+        + publish
+        + ack_packet(PUBREC, 7, 0x97)
+        + ack_packet(PUBREL, 7, 0)
+        + suback
+        + encode_packet(DISCONNECT, 0, b"\x8b")
+    )
+    with FaultProxy("127.0.0.1", echo.port, record=True) as proxy:
+        client = socket.create_connection((proxy.host, proxy.port), timeout=TIMEOUT)
+        with client:
+            for byte in stream:  # each its own write: the decoder must join them
+                client.sendall(bytes([byte]))
+            assert receive_exactly(client, len(stream)) == stream
+            last = proxy.wait_for_packet(
+                lambda p: p.kind == "DISCONNECT" and p.direction == DOWN, TIMEOUT
+            )
+        assert last is not None and last.reason_code == 0x8B
+        packets = proxy.packets
+
+    for direction in (UP, DOWN):
+        seen = [p for p in packets if p.direction == direction]
+        assert [p.kind for p in seen] == [
+            "CONNECT",
+            "PUBLISH",
+            "PUBREC",
+            "PUBREL",
+            "SUBACK",
+            "DISCONNECT",
+        ]
+        connect, pub, pubrec, pubrel, sub, _ = seen
+        assert (connect.client_id, connect.clean_start, connect.connection) == ("gw", False, 1)
+        assert (pub.packet_id, pub.qos, pub.dup, pub.topic) == (7, 2, True, "cloud/x")
+        assert pub.user_property("fxgate-key") == "k1"
+        assert pub.user_property("other") is None
+        assert (pubrec.packet_id, pubrec.reason_code) == (7, 0x97)
+        assert (pubrel.packet_id, pubrel.reason_code) == (7, 0)
+        assert (sub.packet_id, sub.reason_code) == (3, 2)
+    assert [p.at for p in packets] == sorted(p.at for p in packets)
+    # Each packet came back after it went out.
+    assert all(
+        up.at <= down.at
+        for up, down in zip(
+            [p for p in packets if p.direction == UP],
+            [p for p in packets if p.direction == DOWN],
+            strict=True,
+        )
+    )
+
+
+def test_a_recording_proxy_passes_bytes_that_are_not_mqtt_and_records_none_of_them(echo):
+    with FaultProxy("127.0.0.1", echo.port, record=True) as proxy:
+        client = socket.create_connection((proxy.host, proxy.port), timeout=TIMEOUT)
+        with client:
+            garbage = b"\x00\xff\xff\xff\xff\xff hello"
+            assert round_trip(client, garbage) == garbage
+            assert round_trip(client, mqtt_connect("late")) == mqtt_connect("late")
+        assert proxy.packets == []
+        assert proxy.wait_for_packet(lambda _p: True, QUIET) is None
+
+
+def test_a_proxy_records_nothing_unless_asked(proxy, connect):
+    client = connect()
+    assert round_trip(client, mqtt_connect("gw")) == mqtt_connect("gw")
+    assert proxy.packets == []
+
+
+@pytest.mark.broker
+def test_a_recording_proxy_shows_a_qos2_exchange_with_mosquitto_on_both_connections(mosquitto):
+    with FaultProxy(mosquitto.host, mosquitto.port, record=True) as proxy:
+        cloud = Collector(proxy.host, proxy.port, "probe/#", qos=2, client_id="probe-sub")
+        try:
+            publish_all(proxy.host, proxy.port, [("probe/a", b"1")], qos=2, client_id="probe-pub")
+            cloud.wait_for(1, timeout=TIMEOUT)
+            assert proxy.wait_for_packet(
+                lambda p: p.kind == "PUBCOMP" and p.direction == UP, TIMEOUT
+            )
+        finally:
+            cloud.close()
+        packets = proxy.packets
+    clients = {p.connection: p.client_id for p in packets if p.kind == "CONNECT"}
+    assert sorted(clients.values()) == ["probe-pub", "probe-sub"]
+    flow = [
+        (clients[p.connection], p.direction, p.kind)
+        for p in packets
+        if p.kind in ("PUBLISH", "PUBREC", "PUBREL", "PUBCOMP")
+    ]
+    # mosquitto delivers a QoS 2 message at PUBREL (DESIGN §4): the subscriber's exchange starts
+    # after the publisher's PUBREL.
+    publisher = [(d, k) for c, d, k in flow if c == "probe-pub"]
+    subscriber = [(d, k) for c, d, k in flow if c == "probe-sub"]
+    assert publisher == [(UP, "PUBLISH"), (DOWN, "PUBREC"), (UP, "PUBREL"), (DOWN, "PUBCOMP")]
+    assert subscriber == [(DOWN, "PUBLISH"), (UP, "PUBREC"), (DOWN, "PUBREL"), (UP, "PUBCOMP")]
+    assert flow.index(("probe-pub", UP, "PUBREL")) < flow.index(("probe-sub", DOWN, "PUBLISH"))
+    connack = next(p for p in packets if p.kind == "CONNACK")
+    assert (connack.reason_code, connack.session_present) == (0, False)

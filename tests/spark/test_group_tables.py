@@ -1,5 +1,5 @@
-"""A shared group's one table (DESIGN §7.12): members land by insert-if-absent merges, with no lock
-between them, and Delta's conflict checks make them one idempotent receiver.
+"""A shared group's one table (DESIGN §7.12): members land insert-if-absent, with no lock between
+them, and Delta's conflict checks make them one idempotent receiver.
 
 The races here are made, not hoped for: a member's hook at the moment between reading its
 snapshot and committing (`BEFORE_MERGE`, `CLAIMED_BEFORE_OPTIMIZE`) runs the other member's whole
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -26,8 +27,10 @@ from spark.tables import (
     ArrowTableWriter,
     GroupTableWriter,
     TablesOfAnotherGroup,
+    absent_rows,
+    candidate_files,
     check_group,
-    merge_predicate,
+    group_application_id,
     table_path,
 )
 
@@ -119,10 +122,31 @@ def test_two_members_racing_with_overlapping_batches_land_each_read_once_and_the
         range(15, 25)
     )
     table = DeltaTable(table_path(str(tmp_path), READS))
-    # Each member's own batches stay exactly once through its transaction id.
+    # Each member's own batches stay exactly once through its transaction id; every commit of
+    # the group's carries the group's too (three commits: a1's two, a2's one).
     assert table.transaction_version(APP_A) == 2
     assert table.transaction_version(APP_B) == 1
+    assert table.transaction_version(group_application_id(GROUP)) == 3
     assert table.metadata().configuration[GROUP_OF] == GROUP
+
+
+def test_a_member_that_loses_a_race_to_other_reads_commits_the_files_it_wrote_once_more(tmp_path):
+    """The other member's commit holds none of this member's rows (another reader's, stamped at
+    the same moments): the retry reads only the file committed since its snapshot and commits
+    the file it had written, not rewritten."""
+    b = member(tmp_path, APP_B, "fxgate-env-a-a2")
+    race = Armed(BEFORE_MERGE)
+    a = member(tmp_path, APP_A, "fxgate-env-a-a1", checkpoint=race)
+    a.write_batch(1, {READS: reads(range(10))})
+    race.arm(lambda: b.write_batch(1, {READS: reads(range(10, 20), reader="fx9600-02")}))
+    a.write_batch(2, {READS: reads(range(10, 20))})
+    assert a.take_merge_counts() == (1, 0)
+    # Files read: none at a1's first landing (no table yet), none at its second (batch 1's
+    # file holds earlier times), then at the retry a2's new file, whose times overlap.
+    assert a.take_files_read() == [0, 0, 1]
+    on_disk = list((tmp_path / READS).rglob("*.parquet"))
+    assert len(on_disk) == 3  # no orphan: a1's batch 2 was written once
+    assert len(table_rows(tmp_path)) == 30
 
 
 def test_without_the_race_the_second_member_skips_what_the_first_landed_and_counts_it(tmp_path):
@@ -166,44 +190,70 @@ def test_a_members_replay_of_its_own_batch_is_skipped_by_its_transaction_id(tmp_
     assert again.take_merge_counts() == (0, 0)
 
 
-def test_the_merge_reads_only_the_files_its_batch_can_be_in(tmp_path):
-    """After many commits the merge's cost follows its batch: the event-time range prunes every
-    file whose statistics cannot hold one of its reads."""
+def test_a_member_reads_only_the_files_its_batch_can_be_in(tmp_path):
+    """After many commits a landing's cost follows its batch: the event-time range skips every
+    file whose statistics cannot hold one of its reads, and only the identity is read."""
     from deltalake import DeltaTable
 
     a = member(tmp_path, APP_A, "fxgate-env-a-a1")
     for batch_id in range(1, 31):
         a.write_batch(batch_id, {READS: reads(range(batch_id * 10, batch_id * 10 + 10))})
-    b = member(tmp_path, APP_B, "fxgate-env-a-a2")
-    b.write_batch(1, {READS: reads(range(295, 315))})
-    (last,) = DeltaTable(table_path(str(tmp_path), READS)).history(1)
-    metrics = last["operationMetrics"]
-    assert last["operation"] == "MERGE"
-    assert metrics["num_target_files_scanned"] == 2, metrics  # batches 29 and 30
-    assert metrics["num_target_files_skipped_during_scan"] == 28, metrics
-    assert metrics["num_target_rows_inserted"] == 5, metrics
-    assert b.take_merge_counts() == (0, 15)
-
-
-def test_the_merge_condition_is_the_identity_and_the_batchs_event_time_range():
-    batch = reads([3, 1, 2])
-    predicate = merge_predicate(READS, batch)
-    assert predicate.startswith("t.message_id = s.message_id AND t.event_time >= ")
-    low = int((T0 + timedelta(milliseconds=10)).timestamp() * 1_000_000)
-    high = int((T0 + timedelta(milliseconds=30)).timestamp() * 1_000_000)
-    assert f"arrow_cast({low}, " in predicate and f"arrow_cast({high}, " in predicate
-    # A read without an event time could not be pruned on it: the identity alone.
-    nulls = batch.set_column(
+    table = DeltaTable(table_path(str(tmp_path), READS))
+    assert len(table.file_uris()) == 30
+    batch = reads(range(295, 315))
+    assert len(candidate_files(table, READS, batch)) == 2  # batches 29 and 30
+    fresh = absent_rows(table, tmp_path / READS, READS, batch)
+    assert ids_of(fresh) == ids_of(reads(range(310, 315)))
+    # Without an event time on every row, every file is a candidate: nothing is missed.
+    unknown = batch.set_column(
         batch.schema.get_field_index("event_time"),
         "event_time",
-        pa.array([None, None, None], pa.timestamp("us", "UTC")),
+        pa.array([None] * batch.num_rows, pa.timestamp("us", "UTC")),
     )
-    assert merge_predicate(READS, nulls) == "t.message_id = s.message_id"
-    assert merge_predicate(
-        DEAD_LETTERS, pa.table({"message_key": ["k"], "sink": ["table"], "reason": ["bad"]})
-    ) == ("t.message_key = s.message_key AND t.sink = s.sink AND t.reason = s.reason")
-    with pytest.raises(ValueError, match="identity column"):
-        merge_predicate(READS, pa.table({"epc": ["e"]}))
+    assert len(candidate_files(table, READS, unknown)) == 30
+    b = member(tmp_path, APP_B, "fxgate-env-a-a2")
+    b.write_batch(1, {READS: batch})
+    assert b.take_merge_counts() == (0, 15)
+    assert len(table_rows(tmp_path)) == 305
+
+
+def test_a_file_without_statistics_is_always_read_and_dead_letters_are_one_per_sink_and_reason(
+    tmp_path,
+):
+    """A file that another writer committed without statistics may hold any read; a message's
+    dead letters are one per sink and reason (a null sink a value of its own)."""
+    from deltalake import DeltaTable
+
+    from spark.tables import _prepared, _write_files, commit_files
+
+    a = member(tmp_path, APP_A, "fxgate-env-a-a1")
+    a.write_batch(1, {READS: reads(range(10))})
+    a.write_batch(2, {READS: reads(range(100, 110))})
+    path = table_path(str(tmp_path), READS)
+    table = DeltaTable(path)
+    bare = _write_files(Path(path), _prepared(reads(range(200, 205)), 1), stats=())
+    commit_files(table, bare, "fxgate-ledger-elsewhere", 1)
+    table.update_incremental()
+    assert len(table.file_uris()) == 3
+    # Read 3 can be in batch 1's file and in the file without statistics, not in batch 2's.
+    assert set(candidate_files(table, READS, reads([3]))) == {
+        bare[0].path,
+        *candidate_files(table, READS, reads(range(10))),
+    }
+    assert len(candidate_files(table, READS, reads([3]))) == 2
+
+    letters = pa.table(
+        {
+            "message_key": ["k1", "k1", "k1", "k2"],
+            "sink": ["table", "upstream", "upstream", None],
+            "reason": ["invalid_json", "forward_failed", "expired", "invalid_json"],
+            "date": ["2026-11-29"] * 4,
+        }
+    )
+    a.write_batch(3, {DEAD_LETTERS: letters})
+    b = member(tmp_path, APP_B, "fxgate-env-a-a2")
+    b.write_batch(1, {DEAD_LETTERS: letters})
+    assert table_rows(tmp_path, DEAD_LETTERS).num_rows == 4
 
 
 def test_a_read_at_the_edge_of_a_files_range_still_finds_its_twin(tmp_path):
