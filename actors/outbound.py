@@ -178,6 +178,8 @@ class OutboundLedger(pykka.ThreadingActor):
         self._buffer: pykka.ActorRef | None = None
         self._client = None
         self._epoch = 0
+        # Acks of a connection newer than `_epoch`, kept until its SessionStarted (_on_ack).
+        self._early_acks: list[OutboundAck] = []
         self._connected = False
         self._window = window
         # Packs handed over while one is being forwarded: PACKS_AHEAD at most.
@@ -552,6 +554,7 @@ class OutboundLedger(pykka.ThreadingActor):
         self._epoch = message.epoch
         self._connected = True
         self._window = max(1, min(self._window_setting, message.receive_maximum))
+        early, self._early_acks = self._early_acks, []
         if not message.session_present:
             self._abandoned.clear()  # the broker holds no exchange of ours any more
             pubrels = [e for e in self._inflight.values() if e.state == "pubrel"]
@@ -568,6 +571,11 @@ class OutboundLedger(pykka.ThreadingActor):
                     entry.state = "publish"
                 self._store.publish_again(e.record.seq for e in pubrels)
                 self._commit()
+        for ack in early:  # this connection's, in order; those of a later one wait again
+            self._on_ack(ack)
+        if early:
+            # A PUBREL leaves only once its state is committed (below, with the re-sends).
+            self._commit()
         if self._inflight:
             self._resend_inflight()
         if self._current is not None:
@@ -575,6 +583,13 @@ class OutboundLedger(pykka.ThreadingActor):
         self._pump()
 
     def _on_ack(self, ack: OutboundAck) -> None:
+        if ack.epoch > self._epoch:
+            # An ack of a connection whose SessionStarted has not reached us yet: acks come
+            # straight from the network thread, the session through the connection actor. A
+            # broker may answer at once after its CONNACK (Mochi re-sends a stored PUBREC
+            # first); dropped, the exchange looked unanswered and the read went out again.
+            self._early_acks.append(ack)
+            return
         entry = self._inflight.get(ack.packet_id)
         if entry is None or ack.epoch != self._epoch:
             log.debug("ignored %s for packet id %d", ack.kind.value, ack.packet_id)

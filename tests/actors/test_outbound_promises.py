@@ -207,6 +207,28 @@ def test_a_refusing_pubrec_for_a_released_packet_is_no_refusal_and_nothing_is_pu
     assert [s[4] for s in client.sent if s[0] == "PUBLISH"] == [False, True]
 
 
+def test_an_ack_that_comes_before_its_connections_session_started_is_kept_for_it(forwarder):
+    """Acks come straight from the network thread, the new session through the connection
+    actor: Mochi's stored PUBREC, sent at once after its CONNACK, reached the ledger first, was
+    dropped as another connection's, and its 0x91 for the DUP re-send then looked like a
+    refusal (the read went out again under a new id). Kept, the PUBREC completes the exchange."""
+    ref, client, clock, ledger = forwarder(qos=2, processing_timeout=20.0)
+    ref.tell(PackSealed(Pack(1, (record(1),))))
+    (first,) = client.wait_sent(1)
+    packet_id = first[2]
+    ref.tell(OutboundAck(2, packet_id, AckType.PUBREC, 0, "Success"))  # before its session
+    ref.tell(SessionStarted(2, True, 65535))
+    ref.tell(OutboundAck(2, packet_id, AckType.PUBREC, 0x91, "Packet identifier in use"))
+    sent = client.wait_sent(2)
+    assert sent[1][:2] == ("PUBREL", packet_id)  # no PUBLISH again: the broker has it
+    ref.tell(OutboundAck(2, packet_id, AckType.PUBCOMP, 0, "Success"))
+    (report,) = ledger.wait_for(1)
+    assert report.done == (1,) and report.dead == ()
+    clock.advance(40.0)
+    ref.proxy().status().get(timeout=5)
+    assert client.published_keys() == ["k1"]
+
+
 # -- Order per reader after a refusal -----------------------------------------------------------
 
 

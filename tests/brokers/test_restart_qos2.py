@@ -27,11 +27,12 @@ packet ids, what is unacknowledged: a PUBLISH not yet PUBRECed, a PUBREL not yet
 - mosquitto 2.0.11 keeps both sides.
 
 fxgate re-sends as it must: a PUBLISH only while no PUBREC had reached it, with DUP and the same
-id; after a PUBREC, the PUBREL. It took, until this was found, the PUBREC 0x91 that Mochi sends
-after the successful PUBREC of the same exchange for a refusal, and RETRY_ALL published the read
-again under a new packet id, though Mochi completes the first exchange with PUBCOMP 0x00: a
-duplicate at the subscriber (one read in one run). A refusing PUBREC for a released packet is
-now ignored (actors/outbound.py), and the gateway test below requires no such re-publish.
+id; after a PUBREC, the PUBREL. Until this was found it dropped the stored PUBREC Mochi sends at
+once after its CONNACK (it reached the outbound ledger before the new session did, and looked
+like another connection's), took the PUBREC 0x91 that answers its DUP re-send for a refusal, and
+RETRY_ALL published the read again under a new packet id: a duplicate at the subscriber (one
+read in one run). Early acks are now kept for their connection and a refusing PUBREC for a
+released packet is ignored (actors/outbound.py); the gateway test below requires no re-publish.
 
 Two losses seen on the way, each a broker's: HiveMQ at its shipped queue of 1,000 drops the
 newest reads queued for the subscriber and still completes the publisher's exchange (so the
