@@ -227,9 +227,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         # None: no lock and no compaction (a writer in a test of its own).
         self._compaction = compaction
         self._writer_lock: WriterLock | None = None
-        # True when this writer maintains the tables on this disk: under the writer lock, or,
-        # in a shared group, beside the other members with no lock (claims instead).
-        self._maintains = False
         self._compaction_timer: TimerHandle | None = None
         self._local_tables: Path | None = None
         # Each reader's health (spark.reader_health), kept like the counters below: a batch
@@ -337,7 +334,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         if local_tables is not None and self._compaction is not None:
             if group is None:
                 self._take_writer_lock(local_tables)
-            self._maintains = True
             self._convert_legacy_tables(local_tables)
             self._redate_tables(functools.partial(redate_by_receipt, local_tables))
         if self._session_per_pass:
@@ -361,6 +357,12 @@ class SparkWriterActor(pykka.ThreadingActor):
             )
         if self._maintains and self._compaction.enabled:
             self._schedule_compaction(self._compaction.start_delay)
+
+    @property
+    def _maintains(self) -> bool:
+        """Whether this writer maintains the tables on this disk: under the writer lock, or, in
+        a shared group, beside the other members with no lock (claims instead)."""
+        return self._local_tables is not None and self._compaction is not None
 
     def _new_table_writer(self, session) -> TableWriter:
         return self._table_writer(

@@ -579,10 +579,6 @@ class GroupTableWriter(ArrowTableWriter):
         # Per landing of a table: how many data files its identities were read from.
         self._files_read: list[int] = []
 
-    @property
-    def group(self) -> str:
-        return self._group
-
     def _created_with(self) -> dict[str, str]:
         return {GROUP_OF: self._group}
 
@@ -674,22 +670,24 @@ class GroupTableWriter(ArrowTableWriter):
             return None
         typed = _as_table_types(delta, table)
         add_new_columns(delta, typed.schema)
-        candidates = candidate_files(delta, name, typed)
+        actions = _add_actions(delta)
+        candidates = candidate_files(delta, name, typed, actions)
         self._files_read.append(len(candidates))
         fresh = absent_rows(delta, Path(path), name, typed, candidates)
         self._checkpoint(BEFORE_MERGE)
-        return _Landing(delta, typed.num_rows, fresh, _live_paths(delta))
+        return _Landing(delta, typed.num_rows, fresh, set(actions.column("path").to_pylist()))
 
     def _redecide(self, landing: _Landing, name: str, path: str) -> None:
         delta = landing.delta
         delta.update_incremental()
         add_new_columns(delta, landing.fresh.schema)
-        live = _live_paths(delta)
+        actions = _add_actions(delta)
+        live = set(actions.column("path").to_pylist())
         new = live - landing.seen
         landing.seen = live
         if not new or not landing.fresh.num_rows:
             return
-        candidates = [f for f in candidate_files(delta, name, landing.fresh) if f in new]
+        candidates = [f for f in candidate_files(delta, name, landing.fresh, actions) if f in new]
         self._files_read.append(len(candidates))
         still = absent_rows(delta, Path(path), name, landing.fresh, candidates)
         if still.num_rows < landing.fresh.num_rows:
@@ -707,8 +705,9 @@ class _Landing:
     adds: list | None = None  # the files written of `fresh`, not yet committed
 
 
-def _live_paths(delta) -> set[str]:
-    return set(pa.table(delta.get_add_actions(flatten=False)).column("path").to_pylist())
+def _add_actions(delta) -> pa.Table:
+    """The snapshot's data files, one row each with its statistics (flattened)."""
+    return pa.table(delta.get_add_actions(flatten=True))
 
 
 def group_application_id(group: str) -> str:
@@ -743,10 +742,13 @@ def absent_rows(
     return batch.filter(pc.invert(pc.is_in(keys, value_set=present)))
 
 
-def candidate_files(delta, name: str, batch: pa.Table) -> list[str]:
+def candidate_files(
+    delta, name: str, batch: pa.Table, actions: pa.Table | None = None
+) -> list[str]:
     """The data files (relative paths) of the snapshot that can hold a row of `batch`: see
-    `absent_rows`."""
-    actions = pa.table(delta.get_add_actions(flatten=True))
+    `absent_rows`; `actions`, the snapshot's files when the caller has them already."""
+    if actions is None:
+        actions = _add_actions(delta)
     if not actions.num_rows:
         return []
     column = PRUNED_BY.get(name)
