@@ -62,7 +62,7 @@ from pyspark.sql import functions as F
 from spark.gaps import epoch_offsets, range_size
 from spark.location import Location, local_path, spark_uri
 from spark.progress import NO_PROGRESS, Progress
-from spark.tables import READER_EVENTS, READS, table_path
+from spark.tables import LANDED_BY, READER_EVENTS, READS, table_path
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +85,8 @@ CONTENT = ("epc", "antenna", "event_time", "peak_rssi", "channel", "phase")
 SHOWN_RANGES = 5
 
 # The gateway a row came from: its tables directory's index, and in a group's table the member
-# that landed it (spark.tables.LANDED_BY), whose ledger `seq` orders it.
+# that landed it (LANDED_BY), whose ledger `seq` orders it.
 _DIR = "_dir"
-LANDED_BY = "landed_by"
 _EPOCH = "_epoch"
 _PREVIOUS = "_previous"
 _RESET = "_reset"
