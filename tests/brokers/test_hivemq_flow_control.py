@@ -345,9 +345,19 @@ def test_a_restart_resends_fifty_in_flight_within_the_ten_hivemq_grants_now(
         published = reads(mosquitto, 1, seed=0)
         assert wait_until(lambda: arrived(cloud, published), 60)
         assert wait_until(lambda: in_flight(data) == 0, 30)
-        upstream_link.stall()
-        published += burst(source_link, mosquitto, 100, seed=1, qos=0)
-        assert wait_until(lambda: in_flight(data) >= 50, 30)
+        for seed in (1, 2, 3):
+            upstream_link.stall()
+            published += burst(source_link, mosquitto, 100, seed=seed, qos=0)
+            if wait_until(lambda: in_flight(data) >= 50, 30):
+                break
+            # The pack in flight is whatever tier 2 held when it was asked for: the burst's
+            # first hand-over. On a loaded machine the gateway read the burst in pieces and
+            # the first pack held fewer than 50 (a CI run); it goes through, and another burst.
+            upstream_link.resume()
+            assert wait_until(lambda: arrived(cloud, published), 60)
+            assert wait_until(lambda: in_flight(data) == 0, 30)
+        else:
+            pytest.fail("three bursts of 200 reads never put 50 in flight at once")
         first.kill()
         upstream_link.cut()
         upstream_link.resume()
