@@ -314,14 +314,27 @@ class SparkWriterActor(pykka.ThreadingActor):
         if self._table_writer is None:
             arrow = self._land_with_arrow and local_tables is not None
             self._session_per_pass = arrow
+            # The expired log entries go at this writer's maintenance passes when it runs them;
+            # else at each commit, delta-rs's way (a listing of the whole log per commit).
+            log_cleanup = not (
+                local_tables is not None
+                and self._compaction is not None
+                and self._compaction.enabled
+            )
             if group is not None:
                 self._table_writer = functools.partial(
-                    GroupTableWriter, checkpoint=crash_point, group=group.name, member=group.member
+                    GroupTableWriter,
+                    checkpoint=crash_point,
+                    group=group.name,
+                    member=group.member,
+                    log_cleanup=log_cleanup,
+                )
+            elif arrow:
+                self._table_writer = functools.partial(
+                    ArrowTableWriter, checkpoint=crash_point, log_cleanup=log_cleanup
                 )
             else:
-                self._table_writer = functools.partial(
-                    ArrowTableWriter if arrow else TableWriter, checkpoint=crash_point
-                )
+                self._table_writer = functools.partial(TableWriter, checkpoint=crash_point)
             log.info(
                 "batches are committed %s",
                 f"by delta-rs, insert-if-absent into group {group.name}'s tables, as member "

@@ -52,6 +52,7 @@ import os
 import re
 import time
 import uuid
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -127,6 +128,19 @@ IDENTITY: dict[str, tuple[str, ...]] = {
 # batch's range of it, so a landing's cost follows the batch, not the table's age; every file
 # fxgate writes has those statistics (`_write_files`).
 PRUNED_BY: dict[str, str] = {READS: "event_time", READER_EVENTS: "event_time", EVENTS: "time"}
+# What two members' commits into a table must both carry a transaction identifier of, to be
+# ordered (GroupTableWriter): one row's conflict key. Two rows of one identity are one read, with
+# one reader and one event time, so they always have one key; two batches of different readers
+# or seconds have different keys and commit side by side. Each key is hashed into one of
+# CONFLICT_SLOTS identifiers, so a commit carries at most that many, and the table's snapshot
+# never holds more: a batch of one second of four readers carries 4 to 8, and two such batches
+# share one by chance about 5 times in 100. A table without keys here has one identifier for the
+# whole group. Members that key differently would not be ordered at all: the table carries the
+# scheme (CONFLICTS), and a member of another scheme is refused at start (`check_group`).
+CONFLICT_KEYS: dict[str, tuple[str, str]] = {READS: ("reader_id", "event_time")}
+CONFLICT_SLOTS = 1024
+CONFLICT_SCHEME = f"reads: reader_id, event_time second; {CONFLICT_SLOTS} slots"
+CONFLICTS = "fxgate.group.conflicts"
 # How delta-rs says that a data file of the snapshot it read is not there any more.
 _MISSING_FILE = re.compile(r"not found|No such file", re.IGNORECASE)
 # Landings of one table in a row that another member's commit may make fail before the batch
@@ -314,6 +328,8 @@ class ArrowTableWriter:
         app_id: str,
         checkpoint: Callable[[str], None] = lambda name: None,
         properties: Mapping[str, str] | None = None,
+        *,
+        log_cleanup: bool = True,
     ) -> None:
         local = local_path(tables_dir)
         if local is None:
@@ -325,6 +341,10 @@ class ArrowTableWriter:
         # Called at LANDED_NOT_COMMITTED (the actors arm their crash point of that name there).
         self._checkpoint = checkpoint
         self._properties = dict(table_properties() if properties is None else properties)
+        # Whether each commit also deletes the log entries past the log's retention (delta-rs's
+        # default, which lists the whole log again after every commit: 16 of the 34 ms of an
+        # append after a day of commits, measured); False where a maintenance pass does it.
+        self._log_cleanup = log_cleanup
         # Open tables, updated incrementally (opening one reads its log from the checkpoint on).
         self._open: dict[str, object] = {}
 
@@ -405,7 +425,7 @@ class ArrowTableWriter:
         add_new_columns(delta, table.schema)
         adds = _write_files(Path(path), table, _stats_of(name))
         self._checkpoint(LANDED_NOT_COMMITTED)
-        commit_files(delta, adds, self._app_id, batch_id)
+        commit_files(delta, adds, self._app_id, batch_id, log_cleanup=self._log_cleanup)
         return True
 
 
@@ -416,11 +436,13 @@ def commit_files(
     version: int,
     metadata: Mapping[str, str] | None = None,
     also: Sequence[tuple[str, int]] = (),
+    log_cleanup: bool = True,
 ) -> None:
     """Commit the written files `adds` as one append carrying the transaction (app_id,
     version), and the transactions `also`: the one place a Delta commit of ours is made with
-    delta-rs."""
-    from deltalake import CommitProperties, Transaction
+    delta-rs. `log_cleanup` False: the commit leaves the expired log entries to the next
+    maintenance pass (spark.maintenance), instead of the table's `enableExpiredLogCleanup`."""
+    from deltalake import CommitProperties, PostCommitHookProperties, Transaction
 
     delta.create_write_transaction(
         adds,
@@ -431,6 +453,9 @@ def commit_files(
             custom_metadata=dict(metadata) if metadata else None,
             app_transactions=[Transaction(app_id, version)]
             + [Transaction(other, number) for other, number in also],
+        ),
+        post_commithook_properties=PostCommitHookProperties(
+            cleanup_expired_logs=None if log_cleanup else False
         ),
     )
 
@@ -544,13 +569,14 @@ class GroupTableWriter(ArrowTableWriter):
     application id has the batch already) and add any new column; read the identities
     (`IDENTITY`) of the rows in the files that can hold one of the batch's rows (their
     statistics of `PRUNED_BY` overlap the batch's range, or they have none); write the batch's
-    rows whose identity is not among them, and commit them in one append carrying two
-    transaction identifiers: the member's (application id, batch id), and the group's
-    (`group_application_id`, the next number). Delta fails a commit when a concurrent commit
-    carries a transaction of the same application id, so every commit of the group's into a
-    table was decided on a snapshot holding every commit of the group's before it: what another
+    rows whose identity is not among them, and commit them in one append carrying the member's
+    (application id, batch id) and the group's transaction identifiers of those rows' conflict
+    keys (`conflict_ids`). Delta fails a commit when a concurrent commit carries a transaction
+    of the same application id, so two commits of the group's that could hold one read were
+    decided one after the other, the later on a snapshot holding the earlier: what another
     member landed meanwhile makes the commit fail, and it is made again from the new snapshot,
-    up to `MERGE_ATTEMPTS` times. A batch whose rows are all there commits nothing.
+    up to `MERGE_ATTEMPTS` times. Commits of other readers or other seconds do not wait for each
+    other. A batch whose rows are all there commits nothing.
 
     Why not delta-rs's MERGE (`when_not_matched_insert_all`), which inserts the same rows and
     fails on a concurrent commit over the files it read: measured here, 400 reads into a table
@@ -569,8 +595,11 @@ class GroupTableWriter(ArrowTableWriter):
         *,
         group: str,
         member: str,
+        log_cleanup: bool = True,
     ) -> None:
-        super().__init__(session, tables_dir, app_id, checkpoint, properties)
+        super().__init__(
+            session, tables_dir, app_id, checkpoint, properties, log_cleanup=log_cleanup
+        )
         self._group = group
         self._group_app = group_application_id(group)
         self._member = member
@@ -580,7 +609,7 @@ class GroupTableWriter(ArrowTableWriter):
         self._files_read: list[int] = []
 
     def _created_with(self) -> dict[str, str]:
-        return {GROUP_OF: self._group}
+        return {GROUP_OF: self._group, CONFLICTS: CONFLICT_SCHEME}
 
     def take_merge_counts(self) -> tuple[int, int]:
         """(landings retried, reads another member had landed) since the last call."""
@@ -618,13 +647,14 @@ class GroupTableWriter(ArrowTableWriter):
                     if landing.adds is None:
                         landing.adds = _write_files(Path(path), landing.fresh, _stats_of(name))
                         self._checkpoint(LANDED_NOT_COMMITTED)
-                    turn = (landing.delta.transaction_version(self._group_app) or 0) + 1
+                    turn = landing.delta.version() + 1
                     commit_files(
                         landing.delta,
                         landing.adds,
                         self._app_id,
                         batch_id,
-                        also=[(self._group_app, turn)],
+                        also=[(app, turn) for app in landing.conflicts],
+                        log_cleanup=self._log_cleanup,
                     )
             except (CommitFailedError, DeltaError, FileNotFoundError) as error:
                 # A commit race; or a file of the snapshot read gone, replaced by another
@@ -675,7 +705,15 @@ class GroupTableWriter(ArrowTableWriter):
         self._files_read.append(len(candidates))
         fresh = absent_rows(delta, Path(path), name, typed, candidates)
         self._checkpoint(BEFORE_MERGE)
-        return _Landing(delta, typed.num_rows, fresh, set(actions.column("path").to_pylist()))
+        conflicts = conflict_ids(self._group_app, name, fresh) if fresh.num_rows else []
+        return _Landing(
+            delta,
+            typed.num_rows,
+            fresh,
+            set(actions.column("path").to_pylist()),
+            conflicts,
+            {app: delta.transaction_version(app) for app in conflicts},
+        )
 
     def _redecide(self, landing: _Landing, name: str, path: str) -> None:
         delta = landing.delta
@@ -685,13 +723,20 @@ class GroupTableWriter(ArrowTableWriter):
         live = set(actions.column("path").to_pylist())
         new = live - landing.seen
         landing.seen = live
-        if not new or not landing.fresh.num_rows:
+        turns = {app: delta.transaction_version(app) for app in landing.conflicts}
+        landed, landing.turns = turns != landing.turns, turns
+        if not new or not landing.fresh.num_rows or not landed:
+            # No landing of the group's that could hold one of these rows came since the last
+            # look (a maintenance claim failed the commit, say): the files that came are
+            # another reader's or second, or an OPTIMIZE's, whose rows were there before.
             return
         candidates = [f for f in candidate_files(delta, name, landing.fresh, actions) if f in new]
         self._files_read.append(len(candidates))
         still = absent_rows(delta, Path(path), name, landing.fresh, candidates)
         if still.num_rows < landing.fresh.num_rows:
             landing.fresh, landing.adds = still, None  # the files written go at a VACUUM
+            landing.conflicts = conflict_ids(self._group_app, name, still)
+            landing.turns = {app: turns[app] for app in landing.conflicts if app in turns}
 
 
 @dataclass(slots=True)
@@ -702,6 +747,8 @@ class _Landing:
     rows: int  # the batch's rows for the table
     fresh: pa.Table  # those the table lacked at the last look
     seen: set[str]  # the data files of the snapshot the last look read
+    conflicts: list[str]  # the group's transaction identifiers of `fresh` (`conflict_ids`)
+    turns: dict[str, int | None]  # their versions at the last look
     adds: list | None = None  # the files written of `fresh`, not yet committed
 
 
@@ -711,9 +758,31 @@ def _add_actions(delta) -> pa.Table:
 
 
 def group_application_id(group: str) -> str:
-    """The Delta application id every member of `group` puts in each commit into the group's
-    tables: Delta lets no two commits carrying it be decided on the same snapshot."""
+    """The Delta application id of `group`'s commits into a table without conflict keys, and
+    the stem of its conflict keys' identifiers (`conflict_ids`)."""
     return f"fxgate-group-{group}"
+
+
+def conflict_ids(group_app: str, name: str, rows: pa.Table) -> list[str]:
+    """The group's transaction identifiers a commit of `rows` into table `name` carries: one per
+    conflict slot of the rows (`CONFLICT_KEYS`: reader and event-time second, hashed), or
+    `group_app` alone for a table without keys. A row without an event time has the key of its
+    reader alone."""
+    keys = CONFLICT_KEYS.get(name)
+    if keys is None:
+        return [group_app]
+    reader, clock = keys
+    missing = [column for column in keys if column not in rows.schema.names]
+    if missing:
+        raise ValueError(f"table {name!r} lacks its conflict key column(s) {missing}")
+    micros = pc.cast(rows.column(clock), UTC_MICROS).cast(pa.int64())
+    seconds = pc.divide(micros, 1_000_000)  # event times are after 1970: truncation floors
+    pairs = pa.table({"r": rows.column(reader), "s": seconds}).group_by(["r", "s"]).aggregate([])
+    slots = {
+        zlib.crc32(f"{r}\x1f{s}".encode()) % CONFLICT_SLOTS
+        for r, s in zip(pairs.column("r").to_pylist(), pairs.column("s").to_pylist(), strict=True)
+    }
+    return [f"{group_app}/{slot}" for slot in sorted(slots)]
 
 
 def absent_rows(
@@ -804,11 +873,26 @@ def check_group(tables_dir: Path, group: str | None) -> list[str]:
         if not is_delta_table(path):
             continue
         table = DeltaTable(path)
-        owner = table.metadata().configuration.get(GROUP_OF)
+        configuration = table.metadata().configuration
+        owner = configuration.get(GROUP_OF)
         if owner == group:
+            scheme = configuration.get(CONFLICTS)
+            if scheme is None:
+                table.alter.set_table_properties(
+                    {CONFLICTS: CONFLICT_SCHEME}, raise_if_not_exists=False
+                )
+            elif scheme != CONFLICT_SCHEME:
+                raise TablesOfAnotherGroup(
+                    f"{path}: group {group!r}'s members order their commits by conflict keys "
+                    f"{scheme!r} there, and this fxgate by {CONFLICT_SCHEME!r}: two members "
+                    "keying differently would land a read twice. Run one fxgate version in "
+                    "every member of a group"
+                )
             continue
         if owner is None:
-            table.alter.set_table_properties({GROUP_OF: group}, raise_if_not_exists=False)
+            table.alter.set_table_properties(
+                {GROUP_OF: group, CONFLICTS: CONFLICT_SCHEME}, raise_if_not_exists=False
+            )
             adopted.append(name)
             logger.warning(
                 "Delta table %s: landed by a gateway alone until now, from now on by the "

@@ -20,6 +20,8 @@ import pytest
 from spark.maintenance import CLAIMED_BEFORE_OPTIMIZE, DeltaMaintainer
 from spark.tables import (
     BEFORE_MERGE,
+    CONFLICT_SCHEME,
+    CONFLICTS,
     DEAD_LETTERS,
     GROUP_OF,
     LANDED_BY,
@@ -30,6 +32,7 @@ from spark.tables import (
     absent_rows,
     candidate_files,
     check_group,
+    conflict_ids,
     group_application_id,
     table_path,
 )
@@ -122,23 +125,37 @@ def test_two_members_racing_with_overlapping_batches_land_each_read_once_and_the
         range(15, 25)
     )
     table = DeltaTable(table_path(str(tmp_path), READS))
-    # Each member's own batches stay exactly once through its transaction id; every commit of
-    # the group's carries the group's too (three commits: a1's two, a2's one).
+    # Each member's own batches stay exactly once through its transaction id; both commits
+    # carry the group's identifier of their reads' conflict key (one reader, one second), which
+    # is what made a1's fail.
     assert table.transaction_version(APP_A) == 2
     assert table.transaction_version(APP_B) == 1
-    assert table.transaction_version(group_application_id(GROUP)) == 3
+    group = group_application_id(GROUP)
+    shared = set(conflict_ids(group, READS, reads(range(10, 20)))) & set(
+        conflict_ids(group, READS, reads(range(15, 25)))
+    )
+    assert shared and all(table.transaction_version(app) is not None for app in shared)
     assert table.metadata().configuration[GROUP_OF] == GROUP
+    assert table.metadata().configuration[CONFLICTS] == CONFLICT_SCHEME
+
+
+def other_reads(numbers) -> pa.Table:
+    """Reads of the same reader at the same moments as `reads(numbers)`, but other reads (other
+    ids): the same conflict key, none of the same rows."""
+    table = reads(numbers)
+    ids = [f"{i}-other" for i in ids_of(table)]
+    return table.set_column(0, "message_id", pa.array(ids, pa.string()))
 
 
 def test_a_member_that_loses_a_race_to_other_reads_commits_the_files_it_wrote_once_more(tmp_path):
-    """The other member's commit holds none of this member's rows (another reader's, stamped at
-    the same moments): the retry reads only the file committed since its snapshot and commits
-    the file it had written, not rewritten."""
+    """The other member's commit holds none of this member's rows (other reads of the same
+    reader in the same second): the retry reads only the file committed since its snapshot and
+    commits the file it had written, not rewritten."""
     b = member(tmp_path, APP_B, "fxgate-env-a-a2")
     race = Armed(BEFORE_MERGE)
     a = member(tmp_path, APP_A, "fxgate-env-a-a1", checkpoint=race)
     a.write_batch(1, {READS: reads(range(10))})
-    race.arm(lambda: b.write_batch(1, {READS: reads(range(10, 20), reader="fx9600-02")}))
+    race.arm(lambda: b.write_batch(1, {READS: other_reads(range(10, 20))}))
     a.write_batch(2, {READS: reads(range(10, 20))})
     assert a.take_merge_counts() == (1, 0)
     # Files read: none at a1's first landing (no table yet), none at its second (batch 1's
@@ -147,6 +164,43 @@ def test_a_member_that_loses_a_race_to_other_reads_commits_the_files_it_wrote_on
     on_disk = list((tmp_path / READS).rglob("*.parquet"))
     assert len(on_disk) == 3  # no orphan: a1's batch 2 was written once
     assert len(table_rows(tmp_path)) == 30
+
+
+def test_members_landing_other_readers_at_the_same_moment_commit_side_by_side(tmp_path):
+    """Another reader's reads in the same second cannot be one of this member's: the commits
+    carry different conflict keys, and neither waits for the other."""
+    from deltalake import DeltaTable
+
+    group = group_application_id(GROUP)
+    mine, theirs = reads(range(10, 20)), reads(range(10, 20), reader="fx9600-02")
+    assert not set(conflict_ids(group, READS, mine)) & set(conflict_ids(group, READS, theirs))
+    b = member(tmp_path, APP_B, "fxgate-env-a-a2")
+    race = Armed(BEFORE_MERGE)
+    a = member(tmp_path, APP_A, "fxgate-env-a-a1", checkpoint=race)
+    a.write_batch(1, {READS: reads(range(10))})
+    race.arm(lambda: b.write_batch(1, {READS: theirs}))
+    a.write_batch(2, {READS: mine})
+    assert race.action is None  # b's commit came between a1's snapshot and its commit
+    assert a.take_merge_counts() == (0, 0)
+    assert a.take_files_read() == [0, 0]
+    assert len(table_rows(tmp_path)) == 30
+    assert DeltaTable(table_path(str(tmp_path), READS)).version() == 3  # made, a1, a2, a1
+
+
+def test_the_conflict_keys_are_one_per_reader_and_second_and_bounded():
+    from spark.tables import CONFLICT_SLOTS
+
+    group = group_application_id(GROUP)
+    one_second = reads(range(50))  # 0.5 s from T0's .123 s: one second
+    assert len(conflict_ids(group, READS, one_second)) == 1
+    assert len(conflict_ids(group, READS, reads(range(100)))) == 2  # into the next second
+    # A batch of a long backlog (10,000 seconds of one reader): as many identifiers as slots.
+    backlog = reads(range(0, 1_000_000, 100))
+    assert len(conflict_ids(group, READS, backlog)) == CONFLICT_SLOTS
+    # Tables without keys: one identifier for the whole group.
+    assert conflict_ids(group, DEAD_LETTERS, pa.table({"x": [1]})) == [group]
+    with pytest.raises(ValueError, match="conflict key"):
+        conflict_ids(group, READS, one_second.drop_columns(["reader_id"]))
 
 
 def test_without_the_race_the_second_member_skips_what_the_first_landed_and_counts_it(tmp_path):
@@ -329,8 +383,33 @@ def test_a_merge_in_flight_when_a_member_claims_maintenance_merges_again(tmp_pat
     a.write_batch(3, {READS: reads(range(15, 40))})
     retried, already = a.take_merge_counts()
     assert retried >= 1 and already == 15
+    # The claim failed a1's commit, and the OPTIMIZE's file holds only rows a1 had read: no
+    # landing of the group's with a1's conflict keys came, so nothing is read again.
+    assert a.take_files_read() == [2]
     ids = ids_of(table_rows(tmp_path))
     assert sorted(ids) == sorted(ids_of(reads(range(10, 40))))
+
+
+def test_a_landing_compacted_away_before_the_retry_is_read_in_the_optimizes_file(tmp_path):
+    """Another member lands some of a1's reads, and a pass compacts its file away, both between
+    a1's look and its commit: the retry must read the OPTIMIZE's file, where those rows are."""
+    small_files(tmp_path, count=2)
+    b = member(tmp_path, APP_B, "fxgate-env-a-a2")
+    maintainer = DeltaMaintainer(tmp_path, tables=(READS,), claim="fxgate-env-a-a2")
+
+    def land_and_compact():
+        b.write_batch(1, {READS: reads(range(35, 45))})
+        maintainer.run(NOW)
+
+    a = member(
+        tmp_path, APP_A, "fxgate-env-a-a1", checkpoint=once_at(BEFORE_MERGE, land_and_compact)
+    )
+    a.write_batch(3, {READS: reads(range(15, 40))})
+    retried, already = a.take_merge_counts()
+    assert retried >= 1 and already == 15 + 5
+    assert a.take_files_read() == [2, 1]  # the first look; then the compacted file
+    ids = ids_of(table_rows(tmp_path))
+    assert sorted(ids) == sorted(ids_of(reads(range(10, 45))))
 
 
 # -- whose table ------------------------------------------------------------------------------
@@ -345,6 +424,20 @@ def test_a_member_of_another_group_or_a_gateway_alone_is_refused_a_groups_table(
         check_group(tmp_path, None)
 
 
+def test_a_member_that_keys_its_commits_otherwise_is_refused_the_groups_table(tmp_path):
+    """Members keying their commits differently would not be ordered (a later fxgate's scheme,
+    say): the table names its scheme, and another one is refused before anything is written."""
+    from deltalake import DeltaTable
+
+    member(tmp_path, APP_A, "fxgate-env-a-a1").write_batch(1, {READS: reads(range(3))})
+    table = DeltaTable(table_path(str(tmp_path), READS))
+    table.alter.set_table_properties(
+        {CONFLICTS: "reads: message_id; 7 slots"}, raise_if_not_exists=False
+    )
+    with pytest.raises(TablesOfAnotherGroup, match=r"'reads: message_id; 7 slots'.*one fxgate"):
+        check_group(tmp_path, GROUP)
+
+
 def test_a_group_adopts_the_table_its_first_gateway_landed_alone(tmp_path):
     from deltalake import DeltaTable
 
@@ -353,6 +446,7 @@ def test_a_group_adopts_the_table_its_first_gateway_landed_alone(tmp_path):
     assert check_group(tmp_path, GROUP) == [READS]
     path = table_path(str(tmp_path), READS)
     assert DeltaTable(path).metadata().configuration[GROUP_OF] == GROUP
+    assert DeltaTable(path).metadata().configuration[CONFLICTS] == CONFLICT_SCHEME
     # The gateway alone's rows stay, and a member's merge skips them.
     b = member(tmp_path, APP_B, "fxgate-env-a-a2")
     b.write_batch(1, {READS: reads(range(3, 9))})

@@ -275,6 +275,32 @@ def test_a_pass_writes_a_checkpoint_and_the_next_removes_the_commits_older_than_
         assert DeltaTable(tables_dir / READS).version() == version
 
 
+@pytest.mark.parametrize("log_cleanup", [True, False])
+def test_a_writer_whose_passes_clean_the_log_leaves_the_expired_entries_to_them(
+    tmp_path, log_cleanup
+):
+    """delta-rs deletes the expired log entries after every commit, listing the whole log to
+    find them; a writer whose own passes do it (the daemon's, with compaction on) leaves them
+    to the next pass."""
+    writer = ArrowTableWriter(
+        None,
+        tmp_path,
+        APP,
+        properties=table_properties(log_retention_hours=1),
+        log_cleanup=log_cleanup,
+    )
+    land(tmp_path, range(1, 6), writer)
+    first = DeltaMaintainer(tmp_path).run(NOW).tables[0].version
+    log = tmp_path / READS / "_delta_log"
+    age(log.iterdir(), hours=2)
+    land(tmp_path, range(6, 9), writer)
+    commits = sorted(int(p.name[:20]) for p in log.glob("*.json"))
+    assert (commits[0] == first) is log_cleanup
+    DeltaMaintainer(tmp_path).run(NOW)
+    assert min(int(p.name[:20]) for p in log.glob("*.json")) == first
+    assert len(keys(tmp_path)) == 8 * 40
+
+
 def test_a_pass_killed_after_optimize_leaves_every_row_and_the_next_pass_vacuums(tmp_path):
     land(tmp_path, range(1, 11))
     reads = tmp_path / READS
