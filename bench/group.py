@@ -32,13 +32,16 @@ linked, the log copied with its modification times): the next batches, half a pa
 them untimed (the table then holds the small files that contestant's own writer leaves since
 the last pass), then a whole pass interval of them timed (`PASS_BATCHES`: every layout between
 two passes once), with the daemon's next pass in the middle, between the writes of the one who
-runs it:
+runs it. Every contestant is a process of its own, on one vCPU of its own (`pin`): a member of
+a real group has a gateway of its own, and the same two vCPUs that run one gateway here cannot
+also run two as they would run; the disk is shared. The same pair with every process on the
+whole machine is reported beside it (`shared`, report only): there the two members take each
+other's CPU, which a group never does in service.
 - baseline: the gateway that landed the day goes on appending each 1 s batch
   (ArrowTableWriter), and runs the pass;
 - group: two spark.tables.GroupTableWriter members (own application ids, own member names, own
-  batch ids) in two processes, as on two gateways (two threads of one interpreter measured
-  0.49x where two processes measured 0.63x, the pass left out), each landing its share of the
-  same batches: the members split the readers, two each (as EMQX's
+  batch ids) in two processes, as on two gateways, each landing its share of the same
+  batches: the members split the readers, two each (as EMQX's
   `hash_clientid` deals them out; mosquitto's strict turn would give each member half of every
   reader's reads: as many rows, over the same event times), and `REDISPATCH_SHARE` (1 %) of
   each member's reads also reach the other one window later (a re-dispatch, DESIGN §4), so both
@@ -50,9 +53,7 @@ included), their ratio (target >= 0.5), the time of each write_batch (a landing 
 retries, an append), the data files each landing read the identities of against the table's
 live files (`take_files_read`: the event-time statistics prune the rest), the landings retried
 and the reads another member had landed first (`take_merge_counts`), and each table's row
-count against the expected
-one (exactly once). Both members share this machine's 2 vCPUs with each other; members of a
-real group run on gateways of their own and share only the storage.
+count against the expected one (exactly once).
 
 Part 2, publish -> row latency (bench/latency.py's machinery: its ingest ceiling, publisher
 processes and Delta-log watcher): at 50 % of the QoS 1 ingest ceiling, the default daemon alone
@@ -73,10 +74,11 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import shutil
 import queue
+import shutil
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -424,47 +426,128 @@ def _table_rows(tables: Path) -> int:
     return rows
 
 
-def append_round(ctx: Context, day: Day, plan: Plan) -> dict:
-    """The gateway that landed the day appends the next batches and runs the pass."""
+def pin(cpus: frozenset[int] | None) -> None:
+    """Every thread of this process, and so every thread it starts, on `cpus` (None: as it
+    is): a contestant with the CPU of a gateway of its own (see the module)."""
+    if cpus is None:
+        return
+    for task in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(task), cpus)
+
+
+def contestant_cpus() -> tuple[frozenset[int], frozenset[int]] | None:
+    """Two vCPUs of this machine, one for each member (and the first for the gateway alone);
+    None with fewer than two."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return (frozenset({cpus[0]}), frozenset({cpus[1]})) if len(cpus) >= 2 else None
+
+
+def run_processes(jobs: list[tuple[Callable, object]]) -> list[dict]:
+    """Each (target, run) in a spawned process of its own, released together by one barrier;
+    what each put on the queue. A process that fails ends the round."""
+    import multiprocessing
+
+    spawn = multiprocessing.get_context("spawn")
+    barrier, results = spawn.Barrier(len(jobs)), spawn.Queue()
+    processes = [spawn.Process(target=target, args=(run, barrier, results)) for target, run in jobs]
+    reports: list[dict] = []
+    try:
+        for process in processes:
+            process.start()
+        while len(reports) < len(jobs):
+            try:
+                reports.append(results.get(timeout=5))
+            except queue.Empty:
+                if not any(process.is_alive() for process in processes):
+                    break  # one died without a report
+    finally:
+        for process in processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
+                process.join()
+    errors = [r["error"] for r in reports if "error" in r]
+    if errors or len(reports) < len(jobs):
+        raise RuntimeError(f"a contestant failed: {errors or 'no report'}")
+    return reports
+
+
+@dataclass(frozen=True)
+class AppendRun:
+    """What the gateway alone's process is given."""
+
+    tables: Path
+    batches: list[tuple[int, pa.Table]]  # (its batch id, rows)
+    prelude: int
+    pass_after: int
+    pass_at: float
+    cpus: frozenset[int] | None
+
+
+def append_batches(run: AppendRun, barrier, results) -> None:
+    """The gateway that landed the day, in a process of its own: its prelude, then its timed
+    batches with the pass among them."""
+    pin(run.cpus)
     from spark.tables import ArrowTableWriter
 
-    directory = ctx.next_dir("group-landing-append")
-    tables = directory / "tables"
-    copy_table(day.tables, tables)
     writer = ArrowTableWriter(
-        None, tables, DAY_APP_ID, properties=DAEMON_PROPERTIES, log_cleanup=False
+        None, run.tables, DAY_APP_ID, properties=DAEMON_PROPERTIES, log_cleanup=False
     )
-    passer = maintainer(tables)
-    seconds: list[float] = []
+    passer = maintainer(run.tables)
+    found: dict = {}
     try:
-        for batch_id, rows in plan.alone[: plan.prelude]:
+        for batch_id, rows in run.batches[: run.prelude]:
             writer.write_batch(batch_id, {READS: rows})
-        began = time.perf_counter()
-        for k, (batch_id, rows) in enumerate(plan.alone[plan.prelude :], start=plan.prelude + 1):
+        barrier.wait()
+        found["began"] = time.perf_counter()
+        seconds = found["commit_seconds"] = []
+        for k, (batch_id, rows) in enumerate(run.batches[run.prelude :], start=run.prelude + 1):
             started = time.perf_counter()
             writer.write_batch(batch_id, {READS: rows})
             seconds.append(time.perf_counter() - started)
-            if k == plan.pass_after:
-                passed = _pass(passer.run(plan.pass_at))
-        elapsed = time.perf_counter() - began
+            if k == run.pass_after:
+                found["pass"] = _pass(passer.run(run.pass_at))
+        found["ended"] = time.perf_counter()
+    except BaseException as error:
+        barrier.abort()
+        found["error"] = f"{type(error).__name__}: {error}"
     finally:
         writer.close()
-        gc.collect()
+    results.put(found)
+
+
+def append_round(ctx: Context, day: Day, plan: Plan, cpus: frozenset[int] | None) -> dict:
+    """The gateway that landed the day appends the next batches and runs the pass, in a process
+    of its own (on `cpus`, or the whole machine)."""
+    directory = ctx.next_dir("group-landing-append")
+    tables = directory / "tables"
+    copy_table(day.tables, tables)
+    (found,) = run_processes(
+        [
+            (
+                append_batches,
+                AppendRun(tables, plan.alone, plan.prelude, plan.pass_after, plan.pass_at, cpus),
+            )
+        ]
+    )
+    seconds = found["commit_seconds"]
+    elapsed = found["ended"] - found["began"]
     landed = plan.window * ROWS_PER_BATCH
     expected = day.rows + (plan.prelude + plan.window) * ROWS_PER_BATCH
-    found = _table_rows(tables)
+    in_table = _table_rows(tables)
     shutil.rmtree(directory, ignore_errors=True)
     return {
+        "cpus": sorted(cpus) if cpus is not None else "all",
         "rows": landed,
         "seconds": round(elapsed, 3),
         "rows_per_second": landed / elapsed,
         "commit_seconds": [round(s, 5) for s in seconds],
         "commit_ms_median": 1000 * statistics.median(seconds),
         "commit_ms_p99": 1000 * _quantile(seconds, 99),
-        "pass": passed,
-        "table_rows": found,
+        "pass": found["pass"],
+        "table_rows": in_table,
         "expected_rows": expected,
-        "exactly_once": found == expected,
+        "exactly_once": in_table == expected,
     }
 
 
@@ -480,11 +563,13 @@ class MemberRun:
     prelude: int
     pass_after: int | None  # the member that runs the pass: after this batch
     pass_at: float
+    cpus: frozenset[int] | None
 
 
 def land_share(run: MemberRun, barrier, results) -> None:
     """One member, in a process of its own (a gateway of its own): its prelude, then, released
     with the other by `barrier`, its timed batches; what it measured goes to `results`."""
+    pin(run.cpus)
     from spark.tables import GroupTableWriter
 
     writer = GroupTableWriter(
@@ -523,12 +608,12 @@ def land_share(run: MemberRun, barrier, results) -> None:
     results.put(found)
 
 
-def group_round(ctx: Context, day: Day, plan: Plan) -> dict:
+def group_round(
+    ctx: Context, day: Day, plan: Plan, cpus: tuple[frozenset[int], frozenset[int]] | None
+) -> dict:
     """Two members land their shares of the next batches, each in a process of its own (as on
-    two gateways: no interpreter lock between them); member a1 runs the pass between its
-    writes."""
-    import multiprocessing
-
+    two gateways: no interpreter lock between them; each on one of `cpus`, or both on the
+    whole machine); member a1 runs the pass between its writes."""
     from deltalake import DeltaTable
 
     from spark.tables import check_group
@@ -542,12 +627,10 @@ def group_round(ctx: Context, day: Day, plan: Plan) -> dict:
     names = {member: config.identity.client_id for member, config in configs.items()}
     # A group that grows out of the gateway that landed the day adopts its table.
     check_group(tables, group)
-    spawn = multiprocessing.get_context("spawn")
-    barrier, results = spawn.Barrier(len(MEMBERS)), spawn.Queue()
-    processes = [
-        spawn.Process(
-            target=land_share,
-            args=(
+    reports = run_processes(
+        [
+            (
+                land_share,
                 MemberRun(
                     member=member,
                     name=names[member],
@@ -557,33 +640,12 @@ def group_round(ctx: Context, day: Day, plan: Plan) -> dict:
                     prelude=plan.prelude,
                     pass_after=plan.pass_after if member == MEMBERS[0] else None,
                     pass_at=plan.pass_at,
+                    cpus=None if cpus is None else cpus[index],
                 ),
-                barrier,
-                results,
-            ),
-            name=f"bench-group-{member}",
-        )
-        for member in MEMBERS
-    ]
-    reports: list[dict] = []
-    try:
-        for process in processes:
-            process.start()
-        while len(reports) < len(MEMBERS):
-            try:
-                reports.append(results.get(timeout=5))
-            except queue.Empty:
-                if not any(process.is_alive() for process in processes):
-                    break  # one died without a report
-    finally:
-        for process in processes:
-            process.join(timeout=60)
-            if process.is_alive():
-                process.kill()
-                process.join()
-    errors = [r["error"] for r in reports if "error" in r]
-    if errors or len(reports) < len(MEMBERS):
-        raise RuntimeError(f"a member failed: {errors or 'no report'}")
+            )
+            for index, member in enumerate(MEMBERS)
+        ]
+    )
     found = {r["member"]: r for r in reports}
     elapsed = max(f["ended"] for f in found.values()) - min(f["began"] for f in found.values())
     landed = plan.window * ROWS_PER_BATCH
@@ -594,6 +656,7 @@ def group_round(ctx: Context, day: Day, plan: Plan) -> dict:
     seconds = [s for f in found.values() for s in f["commit_seconds"]]
     scanned = [n for f in found.values() for n in f["files_read"]]
     return {
+        "cpus": [sorted(c) for c in cpus] if cpus is not None else "all",
         "rows": landed,
         "seconds": round(elapsed, 3),
         "rows_per_second": landed / elapsed,
@@ -648,18 +711,25 @@ def landing_part(ctx: Context) -> dict:
         flush=True,
     )
     plan = plan_batches(day, quick)
+    cpus = contestant_cpus()
     try:
         raw = alternate(
             ctx,
             [
-                ("baseline", lambda: append_round(ctx, day, plan)),
-                ("group", lambda: group_round(ctx, day, plan)),
+                ("baseline", lambda: append_round(ctx, day, plan, cpus and cpus[0])),
+                ("group", lambda: group_round(ctx, day, plan, cpus)),
+                ("baseline-shared", lambda: append_round(ctx, day, plan, None)),
+                ("group-shared", lambda: group_round(ctx, day, plan, None)),
             ],
             lambda s: s["rows_per_second"],
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     used = _used(raw)
+    shared = {
+        role: _median([s for s in used if s["role"] == role], "rows_per_second")
+        for role in ("baseline-shared", "group-shared")
+    }
     base = [s for s in used if s["role"] == "baseline"]
     group = [s for s in used if s["role"] == "group"]
     b_med, g_med = _median(base, "rows_per_second"), _median(group, "rows_per_second")
@@ -721,6 +791,18 @@ def landing_part(ctx: Context) -> dict:
         },
         "ratio": ratio,
         "paired_ratios": paired,
+        "cpus": {"baseline": sorted(cpus[0]), "members": [sorted(c) for c in cpus]}
+        if cpus is not None
+        else "all (fewer than 2 vCPUs: nothing pinned)",
+        "shared": {
+            "label": "report only: the same pair, every process on the whole machine (the "
+            "members share its vCPUs with each other)",
+            "baseline_median": shared["baseline-shared"],
+            "group_median": shared["group-shared"],
+            "ratio": shared["group-shared"] / shared["baseline-shared"]
+            if shared["baseline-shared"] and shared["group-shared"]
+            else None,
+        },
         "target": {
             "kind": "ratio_at_least",
             "value": LANDING_TARGET,
@@ -931,8 +1013,7 @@ def bound(result: dict) -> str:
         f"{setup['rows_per_batch'] / base['commit_ms_median'] * 1000:,.0f} rows/s and two "
         f"members side by side about {2 * share / group['commit_ms_median'] * 1000:,.0f}; "
         f"measured {base['median']:,.0f} and {group['median']:,.0f} (slow landings, retries and "
-        f"the pass included). The two members ran as two processes sharing this machine's "
-        f"{os.cpu_count()} vCPUs and its disk; in service each member has a gateway of its own."
+        f"the pass included). {_cpus_text(landing)}"
     )
     latency = result["latency"]
     if "error" not in latency:
@@ -947,6 +1028,25 @@ def bound(result: dict) -> str:
     return text
 
 
+def _cpus_text(landing: dict) -> str:
+    shared = landing["shared"]
+    pinned = (
+        "Each contestant was a process on one vCPU of its own (the gateway alone on "
+        f"{landing['cpus']['baseline']}, the members on {landing['cpus']['members']}), as a "
+        "gateway of its own gives each member in service; they shared the disk."
+        if isinstance(landing["cpus"], dict)
+        else f"Nothing was pinned: {landing['cpus']}."
+    )
+    if shared["ratio"] is None:
+        return pinned
+    return (
+        f"{pinned} With every process on the whole machine (the members sharing its "
+        f"{os.cpu_count()} vCPUs with each other; report only): append "
+        f"{shared['baseline_median']:,.0f}, group {shared['group_median']:,.0f} rows/s, "
+        f"{shared['ratio']:.2f}x."
+    )
+
+
 def rows(result: dict) -> list[list[str]]:
     landing = result["landing"]
     base, group = landing["baseline"], landing["group"]
@@ -956,8 +1056,9 @@ def rows(result: dict) -> list[list[str]]:
             f"`{NAME}` rows/s",
             f"after {_day_text(landing)} at the {setup['batch_seconds']:g} s batch window "
             f"({setup['rows_per_batch']} reads a batch): the next {setup['window_batches']} "
-            f"batches with a maintenance pass among them; baseline: one gateway appending; "
-            f"fxgate: 2 members landing insert-if-absent on `message_id`, "
+            f"batches with a maintenance pass among them, each process on one vCPU; baseline: "
+            f"one gateway appending; fxgate: 2 members landing insert-if-absent on "
+            f"`message_id`, "
             f"{100 * setup['redispatch_share']:g} % of the reads received by both; landing "
             f"p50 / p99 {group['commit_ms_median']:.0f} / {group['commit_ms_p99']:.0f} ms, "
             f"{group['files_read_per_landing_median']} file(s) read per landing, "

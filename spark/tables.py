@@ -134,9 +134,10 @@ PRUNED_BY: dict[str, str] = {READS: "event_time", READER_EVENTS: "event_time", E
 # or seconds have different keys and commit side by side. Each key is hashed into one of
 # CONFLICT_SLOTS identifiers, so a commit carries at most that many, and the table's snapshot
 # never holds more: a batch of one second of four readers carries 4 to 8, and two such batches
-# of other readers share one by chance a few times in a hundred. A table without keys here has one identifier for the
-# whole group. Members that key differently would not be ordered at all: the table carries the
-# scheme (CONFLICTS), and a member of another scheme is refused at start (`check_group`).
+# of other readers share one by chance a few times in a hundred. A table without keys here has
+# one identifier for the whole group. Members that key differently would not be ordered at all:
+# the table carries the scheme (CONFLICTS), and a member of another scheme is refused at start
+# (`check_group`).
 CONFLICT_KEYS: dict[str, tuple[str, str]] = {READS: ("reader_id", "event_time")}
 CONFLICT_SLOTS = 1024
 CONFLICT_SCHEME = f"reads: reader_id, event_time second; {CONFLICT_SLOTS} slots"

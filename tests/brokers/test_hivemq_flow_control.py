@@ -354,7 +354,7 @@ def test_a_restart_resends_fifty_in_flight_within_the_ten_hivemq_grants_now(
             # first hand-over. On a loaded machine the gateway read the burst in pieces and
             # the first pack held fewer than 50 (a CI run); it goes through, and another burst.
             upstream_link.resume()
-            assert wait_until(lambda: arrived(cloud, published), 60)
+            assert wait_until(lambda sent=published: arrived(cloud, sent), 60)
             assert wait_until(lambda: in_flight(data) == 0, 30)
         else:
             pytest.fail("three bursts of 200 reads never put 50 in flight at once")
