@@ -767,18 +767,23 @@ def group_application_id(group: str) -> str:
 def conflict_ids(group_app: str, name: str, rows: pa.Table) -> list[str]:
     """The group's transaction identifiers a commit of `rows` into table `name` carries: one per
     conflict slot of the rows (`CONFLICT_KEYS`: reader and event-time second, hashed), or
-    `group_app` alone for a table without keys. A row without an event time has the key of its
-    reader alone."""
+    `group_app` alone for a table without keys. A row without an event time (or a batch without
+    the column: every member's parse gives one read the same columns) has the key of its reader
+    alone."""
     keys = CONFLICT_KEYS.get(name)
     if keys is None:
         return [group_app]
-    reader, clock = keys
-    missing = [column for column in keys if column not in rows.schema.names]
-    if missing:
-        raise ValueError(f"table {name!r} lacks its conflict key column(s) {missing}")
-    micros = pc.cast(rows.column(clock), UTC_MICROS).cast(pa.int64())
+    reader, clock = (
+        rows.column(column) if column in rows.schema.names else pa.nulls(rows.num_rows)
+        for column in keys
+    )
+    micros = (
+        pc.cast(clock, pa.int64())
+        if pa.types.is_null(clock.type)
+        else (pc.cast(clock, UTC_MICROS).cast(pa.int64()))
+    )
     seconds = pc.divide(micros, 1_000_000)  # event times are after 1970: truncation floors
-    pairs = pa.table({"r": rows.column(reader), "s": seconds}).group_by(["r", "s"]).aggregate([])
+    pairs = pa.table({"r": reader, "s": seconds}).group_by(["r", "s"]).aggregate([])
     slots = {
         zlib.crc32(f"{r}\x1f{s}".encode()) % CONFLICT_SLOTS
         for r, s in zip(pairs.column("r").to_pylist(), pairs.column("s").to_pylist(), strict=True)
@@ -878,6 +883,8 @@ def check_group(tables_dir: Path, group: str | None) -> list[str]:
         owner = configuration.get(GROUP_OF)
         if owner == group:
             scheme = configuration.get(CONFLICTS)
+            if group is None:
+                continue  # a gateway alone's own table
             if scheme is None:
                 table.alter.set_table_properties(
                     {CONFLICTS: CONFLICT_SCHEME}, raise_if_not_exists=False
