@@ -449,7 +449,10 @@ def run_processes(jobs: list[tuple[Callable, object]]) -> list[dict]:
 
     spawn = multiprocessing.get_context("spawn")
     barrier, results = spawn.Barrier(len(jobs)), spawn.Queue()
-    processes = [spawn.Process(target=target, args=(run, barrier, results)) for target, run in jobs]
+    processes = [
+        spawn.Process(target=_contestant, args=(target, run, barrier, results))
+        for target, run in jobs
+    ]
     reports: list[dict] = []
     try:
         for process in processes:
@@ -472,6 +475,34 @@ def run_processes(jobs: list[tuple[Callable, object]]) -> list[dict]:
     return reports
 
 
+def _contestant(target: Callable, run, barrier, results) -> None:
+    """One contestant's process: pinned to its vCPUs, `target(run, barrier)`'s figures (or its
+    error, which releases the others from the barrier) put on the queue."""
+    pin(run.cpus)
+    try:
+        found = target(run, barrier)
+    except BaseException as error:
+        barrier.abort()
+        found = {"error": f"{type(error).__name__}: {error}"}
+    results.put(found)
+
+
+def timed_batches(writer, batches, barrier, passer=None, pass_after=None, pass_at=0.0) -> dict:
+    """Released by `barrier`, write each (k, batch id, rows) of `batches`, timing each, with the
+    pass after batch `pass_after`; the window's figures."""
+    barrier.wait()
+    found: dict = {"began": time.perf_counter()}  # CLOCK_MONOTONIC: one clock for every process
+    seconds = found["commit_seconds"] = []
+    for k, batch_id, rows in batches:
+        started = time.perf_counter()
+        writer.write_batch(batch_id, {READS: rows})
+        seconds.append(time.perf_counter() - started)
+        if k == pass_after:
+            found["pass"] = _pass(passer.run(pass_at))
+    found["ended"] = time.perf_counter()
+    return found
+
+
 @dataclass(frozen=True)
 class AppendRun:
     """What the gateway alone's process is given."""
@@ -484,36 +515,26 @@ class AppendRun:
     cpus: frozenset[int] | None
 
 
-def append_batches(run: AppendRun, barrier, results) -> None:
+def append_batches(run: AppendRun, barrier) -> dict:
     """The gateway that landed the day, in a process of its own: its prelude, then its timed
     batches with the pass among them."""
-    pin(run.cpus)
     from spark.tables import ArrowTableWriter
 
     writer = ArrowTableWriter(
         None, run.tables, DAY_APP_ID, properties=DAEMON_PROPERTIES, log_cleanup=False
     )
-    passer = maintainer(run.tables)
-    found: dict = {}
     try:
         for batch_id, rows in run.batches[: run.prelude]:
             writer.write_batch(batch_id, {READS: rows})
-        barrier.wait()
-        found["began"] = time.perf_counter()
-        seconds = found["commit_seconds"] = []
-        for k, (batch_id, rows) in enumerate(run.batches[run.prelude :], start=run.prelude + 1):
-            started = time.perf_counter()
-            writer.write_batch(batch_id, {READS: rows})
-            seconds.append(time.perf_counter() - started)
-            if k == run.pass_after:
-                found["pass"] = _pass(passer.run(run.pass_at))
-        found["ended"] = time.perf_counter()
-    except BaseException as error:
-        barrier.abort()
-        found["error"] = f"{type(error).__name__}: {error}"
+        timed = [
+            (k, batch_id, rows)
+            for k, (batch_id, rows) in enumerate(run.batches[run.prelude :], run.prelude + 1)
+        ]
+        return timed_batches(
+            writer, timed, barrier, maintainer(run.tables), run.pass_after, run.pass_at
+        )
     finally:
         writer.close()
-    results.put(found)
 
 
 def append_round(ctx: Context, day: Day, plan: Plan, cpus: frozenset[int] | None) -> dict:
@@ -566,10 +587,9 @@ class MemberRun:
     cpus: frozenset[int] | None
 
 
-def land_share(run: MemberRun, barrier, results) -> None:
+def land_share(run: MemberRun, barrier) -> dict:
     """One member, in a process of its own (a gateway of its own): its prelude, then, released
-    with the other by `barrier`, its timed batches; what it measured goes to `results`."""
-    pin(run.cpus)
+    with the other by `barrier`, its timed batches."""
     from spark.tables import GroupTableWriter
 
     writer = GroupTableWriter(
@@ -582,30 +602,22 @@ def land_share(run: MemberRun, barrier, results) -> None:
         log_cleanup=False,  # its passes clean the log, as the daemon's do
     )
     passer = maintainer(run.tables, claim=run.name) if run.pass_after is not None else None
-    found: dict = {"member": run.member}
     try:
         for batch_id, rows in enumerate(run.batches[: run.prelude], start=1):
             writer.write_batch(batch_id, {READS: rows})
         writer.take_merge_counts()  # the prelude's
         writer.take_files_read()
-        barrier.wait()
-        found["began"] = time.perf_counter()  # CLOCK_MONOTONIC: one clock for both processes
-        seconds = found["commit_seconds"] = []
-        for batch_id, rows in enumerate(run.batches[run.prelude :], start=run.prelude + 1):
-            started = time.perf_counter()
-            writer.write_batch(batch_id, {READS: rows})
-            seconds.append(time.perf_counter() - started)
-            if batch_id == run.pass_after:
-                found["pass"] = _pass(passer.run(run.pass_at))
-        found["ended"] = time.perf_counter()
+        timed = [
+            (batch_id, batch_id, rows)
+            for batch_id, rows in enumerate(run.batches[run.prelude :], run.prelude + 1)
+        ]
+        found = timed_batches(writer, timed, barrier, passer, run.pass_after, run.pass_at)
+        found["member"] = run.member
         found["retried"], found["already_landed"] = writer.take_merge_counts()
         found["files_read"] = writer.take_files_read()
-    except BaseException as error:
-        barrier.abort()
-        found["error"] = f"{type(error).__name__}: {error}"
+        return found
     finally:
         writer.close()
-    results.put(found)
 
 
 def group_round(
