@@ -35,6 +35,12 @@ HIVEMQ_DIR      := $(VENV)/share/fxgate/hivemq
 HIVEMQ_LAUNCHER := $(HIVEMQ_DIR)/launcher/FxgateHiveMQ.class
 MOCHI_SOURCES   := actors/devtools/brokers/mochi
 MOCHI_BIN       := $(VENV)/share/fxgate/bin/fxgate-mochi
+# Azurite, Microsoft's Azure Storage emulator, for the object-store tables' tests (issue 35): from
+# the npm registry, the version pinned in package.json and package-lock.json, with the machine's
+# Node.js (Debian's nodejs and npm when missing).
+AZURITE_SOURCES := actors/devtools/azurite
+AZURITE_DIR     := $(VENV)/share/fxgate/azurite
+AZURITE_MAIN    := $(AZURITE_DIR)/node_modules/azurite/dist/src/blob/main.js
 
 # The full soak (issue 3): at least 20 daemon SIGKILLs, 5 broker restarts, 50 connection flaps
 # per QoS; with a route upstream, also 50 upstream flaps and 10 SIGKILLs of the forward process.
@@ -89,7 +95,7 @@ format: deps
 	$(RUFF) format --config .ci/ruff.toml actors persistence spark tests bench
 	$(RUFF) check --fix --config .ci/ruff.toml actors persistence spark tests bench
 
-deps: system-deps $(STAMP) $(DELTA_JARS) $(CDS_ARCHIVE) $(HIVEMQ_LAUNCHER) $(MOCHI_BIN)
+deps: system-deps $(STAMP) $(DELTA_JARS) $(CDS_ARCHIVE) $(HIVEMQ_LAUNCHER) $(MOCHI_BIN) $(AZURITE_MAIN)
 
 delta-jars: $(DELTA_JARS)
 
@@ -117,6 +123,15 @@ $(MOCHI_BIN): $(MOCHI_SOURCES)/main.go $(MOCHI_SOURCES)/go.mod $(MOCHI_SOURCES)/
 	mkdir -p $(dir $(MOCHI_BIN))
 	cd $(MOCHI_SOURCES) && GOFLAGS=-mod=readonly go build -o $(abspath $(MOCHI_BIN)) .
 
+# `npm ci` installs exactly the lock file's packages; Azurite's declared engine (Node.js 22) is
+# newer than Debian 12's Node.js 20, on which its Blob service runs (the tests say so).
+$(AZURITE_MAIN): $(AZURITE_SOURCES)/package.json $(AZURITE_SOURCES)/package-lock.json | system-deps $(STAMP)
+	rm -rf $(AZURITE_DIR)
+	mkdir -p $(AZURITE_DIR)
+	cp $(AZURITE_SOURCES)/package.json $(AZURITE_SOURCES)/package-lock.json $(AZURITE_DIR)/
+	cd $(AZURITE_DIR) && npm ci --omit=dev --no-audit --no-fund --ignore-scripts --loglevel=error
+	touch $(AZURITE_MAIN)
+
 # The Spark JVM's class data archive (spark/cds.py): made once per install, mapped by every
 # JVM start after it (Spark ready in about 3 s instead of 4-6). Without it everything works,
 # only slower to start, so a failure to make it is said and does not stop the install. Made
@@ -136,6 +151,8 @@ system-deps:
 	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
 	command -v mvn >/dev/null || missing="$$missing maven"; \
 	command -v javac >/dev/null || missing="$$missing openjdk-17-jdk-headless"; \
+	command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
 	if [ -n "$$missing" ]; then \
 		echo "installing Debian packages:$$missing"; \
 		$(SUDO) apt-get update -qq && \

@@ -77,7 +77,7 @@ from persistence.keys import READ_KEYS
 from persistence.records import TABLE, ReaderCount
 from persistence.storage_faults import StorageUnavailable
 from spark.batching import BatchCollector
-from spark.location import local_path
+from spark.location import delta_location, local_path, object_store
 from spark.parse_worker import BuildOptions, ParseWorker
 
 if TYPE_CHECKING:
@@ -229,6 +229,8 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._writer_lock: WriterLock | None = None
         self._compaction_timer: TimerHandle | None = None
         self._local_tables: Path | None = None
+        # Where delta-rs reaches the tables (this disk or an object store); None: only Spark.
+        self._delta_tables: str | None = None
         # Each reader's health (spark.reader_health), kept like the counters below: a batch
         # observes on copies, committed with the batch. Seeded from the ledger at start.
         self._reader_health: dict[str, dict] = dict(reader_health or {})
@@ -304,20 +306,23 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
 
         local_tables = self._local_tables = local_path(self._tables_dir)
+        delta_tables = self._delta_tables = delta_location(self._tables_dir)
         if self._app_id is None:
             self._app_id = application_id(self._ledger.gateway_id().get(timeout=LEDGER_ASK_TIMEOUT))
         group = self._group
-        if group is not None and (local_tables is None or not self._land_with_arrow):
+        if group is not None and (delta_tables is None or not self._land_with_arrow):
             # The configuration refuses this (actors/config/schema.py); a writer built by hand
             # must not fall back to appends, which would not conflict with the other members.
-            raise ValueError("a shared group's tables land through delta-rs, on this disk")
+            raise ValueError(
+                "a shared group's tables land through delta-rs, on this disk or an object store"
+            )
         if self._table_writer is None:
-            arrow = self._land_with_arrow and local_tables is not None
+            arrow = self._land_with_arrow and delta_tables is not None
             self._session_per_pass = arrow
             # The expired log entries go at this writer's maintenance passes when it runs them;
             # else at each commit, delta-rs's way (a listing of the whole log per commit).
             log_cleanup = not (
-                local_tables is not None
+                delta_tables is not None
                 and self._compaction is not None
                 and self._compaction.enabled
             )
@@ -349,6 +354,13 @@ class SparkWriterActor(pykka.ThreadingActor):
                 self._take_writer_lock(local_tables)
             self._convert_legacy_tables(local_tables)
             self._redate_tables(functools.partial(redate_by_receipt, local_tables))
+        elif delta_tables is not None and self._compaction is not None:
+            log.info(
+                "tables on %s (%s): no writer lock there; each maintenance pass claims a table "
+                "before its OPTIMIZE, and Delta's conflict checks order it with other writers",
+                object_store(delta_tables),
+                delta_tables,
+            )
         if self._session_per_pass:
             self._tables = self._new_table_writer(None)
             log.info(
@@ -358,7 +370,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             )
         else:
             self._session = self._session_factory()
-            if local_tables is None:
+            if delta_tables is None:
                 self._redate_tables(
                     functools.partial(spark_redate_by_receipt, self._session, self._tables_dir)
                 )
@@ -373,9 +385,10 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     @property
     def _maintains(self) -> bool:
-        """Whether this writer maintains the tables on this disk: under the writer lock, or, in
-        a shared group, beside the other members with no lock (claims instead)."""
-        return self._local_tables is not None and self._compaction is not None
+        """Whether this writer maintains the tables: on this disk under the writer lock, or, in
+        a shared group or on an object store, beside the other writers with no lock (claims
+        instead)."""
+        return self._delta_tables is not None and self._compaction is not None
 
     def _new_table_writer(self, session) -> TableWriter:
         return self._table_writer(
@@ -618,18 +631,25 @@ class SparkWriterActor(pykka.ThreadingActor):
         from spark.maintenance import DeltaMaintainer, SparkMaintainer
 
         schedule = self._compaction or CompactionSchedule()
-        # Tables on this disk are maintained by delta-rs whichever path lands them: a pass of
+        # Tables delta-rs reaches are maintained by delta-rs whichever path lands them: a pass of
         # delta-spark's took minutes here under load, and held the writer and its stop that long.
-        if self._local_tables is not None:
+        if self._delta_tables is not None:
+            # With no writer lock (a group, an object store), each OPTIMIZE is claimed first.
+            if self._group is not None:
+                claim = self._group.member
+            elif self._local_tables is None:
+                claim = self._app_id
+            else:
+                claim = None
             return DeltaMaintainer(
-                self._local_tables,
+                self._delta_tables,
                 target_file_bytes=schedule.target_file_bytes,
                 open_file_bytes=schedule.open_file_bytes,
                 vacuum_retention_hours=schedule.vacuum_retention_hours,
                 checkpoint=crash_point,
                 soon=functools.partial(crash_soon, delay=MAINTENANCE_CRASH_DELAY),
                 properties=self._table_properties,
-                claim=None if self._group is None else self._group.member,
+                claim=claim,
             )
         return SparkMaintainer(
             self._session,

@@ -1,9 +1,16 @@
-"""Where the tables live: a local directory or a Hadoop-compatible URI (`[spark] tables_dir`).
+"""Where the tables live: a local directory, an object store, or a Hadoop-compatible URI
+(`[spark] tables_dir`).
 
 A location is a `Path` when the tables are on this machine's file system (a plain path, or a
-`file:` URI) and the URI text otherwise (`hdfs://namenode/fxgate`, `s3a://bucket/fxgate`). Code
-that can only work locally (removing a killed job's leftovers, `fxgate status` counting rows with
-pyarrow) asks `local_path` and gets None for a remote location.
+`file:` URI) and the URI text otherwise: an object store that delta-rs reaches itself (Azure Blob
+Storage or ADLS Gen2 as `az://container/path` or `abfss://container@account.dfs.core.windows.net/
+path`; S3 as `s3://bucket/path`), or a file system only Spark reaches (`hdfs://namenode/fxgate`,
+`s3a://bucket/fxgate`). Code that can only work on this disk (removing a killed job's leftovers,
+the writer lock) asks `local_path`; code that works wherever delta-rs reaches asks
+`delta_location`, which is None only for Spark's file systems.
+
+An object store's credentials never appear in its URI: delta-rs (and the readers) take them
+from the environment, the variables each store's own tools use (docs: object-store tables).
 
 Spark is always handed a URI (`spark_uri`), never a bare path: Hadoop resolves a bare path against
 `fs.defaultFS`, which a cluster's configuration usually points at HDFS, so `/var/lib/fxgate/tables`
@@ -22,6 +29,8 @@ from urllib.parse import urlsplit
 # RFC 3986 scheme, then ':'; a plain path never starts like that (a ':' after a '/' is not one).
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*):")
 _LOCAL_HOSTS = frozenset({"", "localhost"})
+# The object stores delta-rs lands into with no JVM: URI scheme -> the store, as logs name it.
+OBJECT_STORES = {"az": "Azure", "abfs": "Azure", "abfss": "Azure", "s3": "S3"}
 
 Location = Path | str
 
@@ -43,11 +52,18 @@ def parse_location(text: str) -> Location:
             f"{text!r}: expected {scheme}://<authority>/<path> (or {scheme}:///<path> for the "
             "cluster's default authority)"
         )
-    if parts.password is not None:
+    # In abfs[s]://container@account.dfs.core.windows.net/ the user part is the container.
+    if parts.password is not None or (scheme in ("az", "s3") and parts.username is not None):
         # It would be logged and shown by `fxgate status`; Hadoop refuses it as well.
         raise ValueError(
-            f"{scheme}://…: credentials may not be written into the URI; give them to Spark "
-            "in [spark.conf] (e.g. spark.hadoop.fs.s3a.access.key) or in the environment"
+            f"{scheme}://…: credentials may not be written into the URI; give them in the "
+            "environment (AZURE_STORAGE_ACCOUNT_KEY, AWS_SECRET_ACCESS_KEY, ...) or to Spark "
+            "in [spark.conf] (e.g. spark.hadoop.fs.s3a.access.key)"
+        )
+    if scheme in OBJECT_STORES and not parts.netloc:
+        raise ValueError(
+            f"{text!r}: name the {OBJECT_STORES[scheme]} "
+            f"{'bucket' if scheme == 's3' else 'container'} ({scheme}://<name>/<path>)"
         )
     if not parts.netloc and parts.path in ("", "/"):
         raise ValueError(f"{text!r}: names no directory")
@@ -79,6 +95,25 @@ def local_path(location: Location) -> Path | None:
     parts = urlsplit(location)
     if parts.scheme.lower() == "file" and parts.netloc.lower() in _LOCAL_HOSTS:
         return Path(os.path.normpath(parts.path))
+    return None
+
+
+def object_store(location: Location) -> str | None:
+    """The object store `location` is on ("Azure", "S3"), or None."""
+    if isinstance(location, Path):
+        return None
+    match = _SCHEME.match(location)
+    return None if match is None else OBJECT_STORES.get(match.group(1).lower())
+
+
+def delta_location(location: Location) -> str | None:
+    """What delta-rs opens for `location`: a local directory's path, or an object store's URI;
+    None where only Spark reaches the tables (`hdfs://`, `s3a://`)."""
+    local = local_path(location)
+    if local is not None:
+        return str(local)
+    if object_store(location) is not None:
+        return str(location).rstrip("/")
     return None
 
 

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
-from spark.location import Location, local_path, spark_uri
+from spark.location import Location, delta_location, spark_uri
 from spark.progress import NO_PROGRESS, Progress
 from spark.tables import DATE, MAINTAINED_BY, TABLES, is_delta_table, table_path
 
@@ -124,7 +124,8 @@ def _no_timer(name: str):
 
 
 class DeltaMaintainer:
-    """One maintenance pass over the tables on this disk, with delta-rs (no JVM)."""
+    """One maintenance pass over the tables on this disk or an object store, with delta-rs (no
+    JVM)."""
 
     def __init__(
         self,
@@ -139,13 +140,16 @@ class DeltaMaintainer:
         properties: Mapping[str, str] | None = None,
         claim: str | None = None,
     ) -> None:
-        local = local_path(tables_dir)
-        if local is None:
-            raise ValueError(f"{tables_dir} is not on this machine's disk: use SparkMaintainer")
-        # A group member's name: each OPTIMIZE is claimed first (see the module). None: the
-        # tables have one writer, this process, under the writer lock.
+        root = delta_location(tables_dir)
+        if root is None:
+            raise ValueError(
+                f"{tables_dir} is on a file system only Spark reaches: use SparkMaintainer"
+            )
+        # A group member's name (or, on an object store, the gateway's application id): each
+        # OPTIMIZE is claimed first (see the module). None: the tables have one writer, this
+        # process, under the writer lock.
         self._claim = claim
-        self._tables_dir = local
+        self._tables_dir = root
         self._target = target_file_bytes
         self._open_target = min(open_file_bytes, target_file_bytes)
         self._retention = vacuum_retention_hours

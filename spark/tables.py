@@ -1,9 +1,10 @@
 """The tables are Delta Lake tables: exactly-once batch appends through the table's own log.
 
 Every table (`reads`, `events`, `dead_letters`, `reader_events`) is a Delta table at
-``{tables_dir}/{table}``, partitioned by receive `date` only, where `tables_dir` is a local path
-or any Hadoop URI the cluster reaches (spark/location.py). Each row keeps its landing batch in the
-ordinary column `batch_id` (and its pack in `pack_id`).
+``{tables_dir}/{table}``, partitioned by receive `date` only, where `tables_dir` is a local path,
+an object store delta-rs reaches (Azure, S3), or any Hadoop URI the cluster reaches
+(spark/location.py). Each row keeps its landing batch in the ordinary column `batch_id` (and its
+pack in `pack_id`).
 
 Exactly once (DESIGN §7.7): each append carries a Delta transaction identifier, (application id,
 version) with the application id stable for one gateway's ledger and the version the ledger's
@@ -20,8 +21,11 @@ by one is skipped by the other:
 - `ArrowTableWriter` (the default landing, no JVM): pyarrow writes each date's rows as one
   Parquet file into the table directory, synced, and delta-rs commits the files with the
   transaction identifier (`DeltaTable.create_write_transaction`). The crash point between the
-  two (`LANDED_NOT_COMMITTED`) leaves files that no snapshot lists; VACUUM removes them.
-- `TableWriter` (`landing = "spark"`: a cluster, remote tables): a Spark job through delta-spark
+  two (`LANDED_NOT_COMMITTED`) leaves files that no snapshot lists; VACUUM removes them. On an
+  object store each file is put whole in one request (obstore: the same Rust object_store, and
+  the same environment variables, as delta-rs), and delta-rs commits by a conditional create of
+  the next log entry (Azure's; S3's when configured for it: docs, object-store tables).
+- `TableWriter` (`landing = "spark"`: a cluster, HDFS, s3a): a Spark job through delta-spark
   with `txnAppId` / `txnVersion`, which does the same skip inside its commit.
 
 A shared group's tables (DESIGN §7.12): the members of one environment's shared subscription
@@ -62,7 +66,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spark.location import Location, local_path, spark_uri
+from spark.location import Location, delta_location, local_path, object_store, spark_uri
 
 logger = logging.getLogger(__name__)
 
@@ -162,8 +166,8 @@ def table_path(tables_dir: Location, name: str) -> str:
 
 
 class TablesNotReadable(ValueError):
-    """The tables are not on this machine's disk (`hdfs://`, `s3a://`...): only Spark reads
-    them, and the readers that start no JVM (status, dead-letters list) cannot."""
+    """The tables are on a file system only Spark reaches (`hdfs://`, `s3a://`...): the
+    readers that start no JVM (status, dead-letters list) cannot read them."""
 
 
 def application_id(gateway_id: str) -> str:
@@ -176,9 +180,16 @@ def application_id(gateway_id: str) -> str:
 
 
 def is_delta_table(path: Location) -> bool:
-    """Whether a Delta log exists at `path` (a local path; remote tables: Spark checks)."""
+    """Whether a Delta log exists at `path` (on this disk or an object store; on Spark's file
+    systems, Spark checks)."""
     local = local_path(path)
-    return local is not None and (local / "_delta_log").is_dir()
+    if local is not None:
+        return (local / "_delta_log").is_dir()
+    if object_store(path) is None:
+        return False
+    from deltalake import DeltaTable
+
+    return DeltaTable.is_deltatable(str(path))
 
 
 def table_properties(
@@ -332,12 +343,13 @@ class ArrowTableWriter:
         *,
         log_cleanup: bool = True,
     ) -> None:
-        local = local_path(tables_dir)
-        if local is None:
+        root = delta_location(tables_dir)
+        if root is None:
             raise TablesNotReadable(
-                f"{tables_dir} is not on this machine's disk: batches go through Spark there"
+                f"{tables_dir} is neither on this machine's disk nor on an object store "
+                "delta-rs reaches: batches go through Spark there"
             )
-        self._tables_dir = local
+        self._tables_dir = root
         self._app_id = app_id
         # Called at LANDED_NOT_COMMITTED (the actors arm their crash point of that name there).
         self._checkpoint = checkpoint
@@ -365,13 +377,11 @@ class ArrowTableWriter:
 
     def write_batch(self, batch_id: int, tables: Mapping[str, pa.Table]) -> dict[str, int]:
         """Append every table of batch `batch_id` that does not have it yet; see the module."""
-        return _write_tables(
-            str(self._tables_dir), batch_id, tables, self._append, self._checkpoint
-        )
+        return _write_tables(self._tables_dir, batch_id, tables, self._append, self._checkpoint)
 
     def last_version(self, name: str) -> int | None:
         """The last batch id of this gateway's application id in table `name` (None: none)."""
-        table = self._table(table_path(str(self._tables_dir), name), None)
+        table = self._table(table_path(self._tables_dir, name), None)
         return None if table is None else table.transaction_version(self._app_id)
 
     def _table(self, path: str, schema: pa.Schema | None):
@@ -424,7 +434,7 @@ class ArrowTableWriter:
             return False
         table = _as_table_types(delta, table)
         add_new_columns(delta, table.schema)
-        adds = _write_files(Path(path), table, _stats_of(name))
+        adds = _write_files(path, table, _stats_of(name))
         self._checkpoint(LANDED_NOT_COMMITTED)
         commit_files(delta, adds, self._app_id, batch_id, log_cleanup=self._log_cleanup)
         return True
@@ -497,37 +507,107 @@ def add_new_columns(delta, schema: pa.Schema) -> None:
     )
 
 
-def _write_files(table_dir: Path, table: pa.Table, stats: Sequence[str] = ()) -> list:
-    """One synced Parquet file per date of `table` under ``date=D/``; their Delta add actions,
-    each with its row count and the min and max of the timestamp columns `stats` (what lets a
-    reader, and a group member looking for a read, skip the file)."""
+def _write_files(table_dir: Location, table: pa.Table, stats: Sequence[str] = ()) -> list:
+    """One Parquet file per date of `table` under ``date=D/`` of the table at `table_dir`
+    (this disk's, synced; or an object store's, put whole); their Delta add actions, each with
+    its row count and the min and max of the timestamp columns `stats` (what lets a reader, and
+    a group member looking for a read, skip the file)."""
     from deltalake.transaction import AddAction
 
     token = uuid.uuid4().hex
     dates = table.column(DATE)
     data = table.drop_columns(list(PARTITION_COLUMNS))
+    local = local_path(table_dir)
     adds = []
     for date in sorted(pc.unique(dates).to_pylist()):
         rows = data.filter(pc.equal(dates, date))
         relative = f"{DATE}={date}/part-00000-{token}.c000.snappy.parquet"
-        full = table_dir / relative
-        full.parent.mkdir(parents=True, exist_ok=True)
-        with open(full, "wb") as file:
-            pq.write_table(rows, file, compression="snappy")
-            file.flush()
-            os.fsync(file.fileno())
-        stat = full.stat()
+        if local is None:
+            size, millis = _put_file(str(table_dir), relative, rows)
+        else:
+            size, millis = _write_local_file(local / relative, rows)
         adds.append(
             AddAction(
-                relative,
-                stat.st_size,
-                {DATE: date},
-                int(stat.st_mtime * 1000),
-                True,
-                json.dumps(_statistics(rows, stats)),
+                relative, size, {DATE: date}, millis, True, json.dumps(_statistics(rows, stats))
             )
         )
     return adds
+
+
+def _write_local_file(full: Path, rows: pa.Table) -> tuple[int, int]:
+    """`rows` as a Parquet file at `full`, synced; (size, modification time in ms)."""
+    full.parent.mkdir(parents=True, exist_ok=True)
+    with open(full, "wb") as file:
+        pq.write_table(rows, file, compression="snappy")
+        file.flush()
+        os.fsync(file.fileno())
+    stat = full.stat()
+    return stat.st_size, int(stat.st_mtime * 1000)
+
+
+def _put_file(table_uri: str, relative: str, rows: pa.Table) -> tuple[int, int]:
+    """`rows` as a Parquet blob at `relative` in the table at `table_uri` on an object store,
+    put in one request: a blob is there whole or not at all; (size, now in ms)."""
+    import obstore
+
+    sink = pa.BufferOutputStream()
+    pq.write_table(rows, sink, compression="snappy")
+    data = sink.getvalue().to_pybytes()
+    obstore.put(_object_store_client(table_uri), relative, data)
+    return len(data), int(time.time() * 1000)
+
+
+def _store_key(table_uri: str) -> tuple[str, tuple[tuple[str, str], ...]]:
+    """A client for `table_uri` is reused while the store's variables stay as they are (they
+    say which account, endpoint and credentials it uses; a test points them elsewhere)."""
+    variables = tuple(
+        sorted(
+            (name, value) for name, value in os.environ.items() if name.startswith(_STORE_VARIABLES)
+        )
+    )
+    return table_uri, variables
+
+
+# The environment variables object stores take their settings from (delta-rs and obstore read
+# the same ones: Rust's object_store).
+_STORE_VARIABLES = ("AZURE_", "AZURITE_", "AWS_", "GOOGLE_")
+_CLIENTS: dict[tuple, object] = {}
+
+
+def _object_store_client(table_uri: str):
+    """An obstore client of the table at `table_uri` (configured from the environment, as
+    delta-rs configures its own), kept for the next file."""
+    key = _store_key(table_uri)
+    client = _CLIENTS.get(key)
+    if client is None:
+        from obstore.store import from_url
+
+        client = _CLIENTS[key] = from_url(table_uri)
+    return client
+
+
+def _object_store_files(table_uri: str):
+    """A pyarrow file system over the table at `table_uri` on an object store (delta-rs's,
+    configured as its tables are), kept for the next read."""
+    key = ("files", *_store_key(table_uri))
+    files = _CLIENTS.get(key)
+    if files is None:
+        from deltalake.fs import DeltaStorageHandler
+        from pyarrow.fs import PyFileSystem
+
+        files = _CLIENTS[key] = PyFileSystem(DeltaStorageHandler(table_uri))
+    return files
+
+
+def read_columns(table_dir: Location, files: Sequence[str], columns: Sequence[str]) -> pa.Table:
+    """Columns `columns` of the data files `files` (relative paths) of the table at
+    `table_dir`, on this disk or an object store."""
+    local = local_path(table_dir)
+    if local is not None:
+        return pq.read_table([str(local / file) for file in files], columns=list(columns))
+    return pq.read_table(
+        list(files), columns=list(columns), filesystem=_object_store_files(str(table_dir))
+    )
 
 
 def _statistics(rows: pa.Table, columns: Sequence[str]) -> dict:
@@ -646,7 +726,7 @@ class GroupTableWriter(ArrowTableWriter):
                     self._redecide(landing, name, path)
                 if landing.fresh.num_rows:
                     if landing.adds is None:
-                        landing.adds = _write_files(Path(path), landing.fresh, _stats_of(name))
+                        landing.adds = _write_files(path, landing.fresh, _stats_of(name))
                         self._checkpoint(LANDED_NOT_COMMITTED)
                     turn = landing.delta.version() + 1
                     commit_files(
@@ -704,7 +784,7 @@ class GroupTableWriter(ArrowTableWriter):
         actions = _add_actions(delta)
         candidates = candidate_files(delta, name, typed, actions)
         self._files_read.append(len(candidates))
-        fresh = absent_rows(delta, Path(path), name, typed, candidates)
+        fresh = absent_rows(delta, path, name, typed, candidates)
         self._checkpoint(BEFORE_MERGE)
         conflicts = conflict_ids(self._group_app, name, fresh) if fresh.num_rows else []
         return _Landing(
@@ -733,7 +813,7 @@ class GroupTableWriter(ArrowTableWriter):
             return
         candidates = [f for f in candidate_files(delta, name, landing.fresh, actions) if f in new]
         self._files_read.append(len(candidates))
-        still = absent_rows(delta, Path(path), name, landing.fresh, candidates)
+        still = absent_rows(delta, path, name, landing.fresh, candidates)
         if still.num_rows < landing.fresh.num_rows:
             landing.fresh, landing.adds = still, None  # the files written go at a VACUUM
             landing.conflicts = conflict_ids(self._group_app, name, still)
@@ -792,7 +872,7 @@ def conflict_ids(group_app: str, name: str, rows: pa.Table) -> list[str]:
 
 
 def absent_rows(
-    delta, table_dir: Path, name: str, batch: pa.Table, files: Sequence[str] | None = None
+    delta, table_dir: Location, name: str, batch: pa.Table, files: Sequence[str] | None = None
 ) -> pa.Table:
     """The rows of `batch` whose identity (`IDENTITY[name]`) no row of the table's snapshot
     `delta` has, each once. Only the files that can hold one of them are read, and only their
@@ -809,7 +889,7 @@ def absent_rows(
     if files is None:
         files = candidate_files(delta, name, batch)
     if files:
-        landed = pq.read_table([str(table_dir / file) for file in files], columns=list(columns))
+        landed = read_columns(table_dir, files, columns)
         present = _identity(landed, columns)
     else:
         present = pa.array([], pa.string())
@@ -863,7 +943,7 @@ class TablesOfAnotherGroup(ValueError):
     gateway is alone (or alone while this gateway is in a group): the daemon does not start."""
 
 
-def check_group(tables_dir: Path, group: str | None) -> list[str]:
+def check_group(tables_dir: Location, group: str | None) -> list[str]:
     """Refuse tables that are not this gateway's to land in (`TablesOfAnotherGroup`, naming the
     table, its group and this gateway's), before anything is written: a member of `group`
     (`{group}-{environment}`, None for a gateway alone) lands only into tables of that group or
@@ -875,7 +955,7 @@ def check_group(tables_dir: Path, group: str | None) -> list[str]:
 
     adopted = []
     for name in TABLES:
-        path = table_path(str(tables_dir), name)
+        path = table_path(delta_location(tables_dir) or tables_dir, name)
         if not is_delta_table(path):
             continue
         table = DeltaTable(path)
@@ -1086,16 +1166,16 @@ def read_table_arrow(tables_dir: Location, name: str, schema: pa.Schema | None =
     """Table `name` read with delta-rs (one snapshot, no JVM), the way non-Spark readers do.
 
     A table with no commit yet is an empty table with `schema` or, without it, just the `date`
-    and `batch_id` columns; with `schema`, a column added since reads as null. Tables that are
-    not on the local disk raise `TablesNotReadable`.
+    and `batch_id` columns; with `schema`, a column added since reads as null. Tables only
+    Spark reaches (`hdfs://`, `s3a://`) raise `TablesNotReadable`.
     """
-    local = local_path(tables_dir)
-    if local is None:
+    root = delta_location(tables_dir)
+    if root is None:
         raise TablesNotReadable(
-            f"table {name} at {table_path(tables_dir, name)} is not on this machine's disk; "
-            "only Spark reads it (`fxgate report`)"
+            f"table {name} at {table_path(tables_dir, name)} is on a file system only Spark "
+            "reaches (`fxgate report`)"
         )
-    path = table_path(local, name)
+    path = table_path(root, name)
     if not is_delta_table(path):
         return _empty_table(schema)
     from deltalake import DeltaTable
@@ -1114,13 +1194,13 @@ def read_table_arrow(tables_dir: Location, name: str, schema: pa.Schema | None =
 
 def count_rows(tables_dir: Location, name: str) -> int:
     """Rows in table `name` (0: no table yet), from the log's per-file statistics: no data file
-    is opened. Tables not on the local disk raise `TablesNotReadable`."""
-    local = local_path(tables_dir)
-    if local is None:
+    is opened. Tables only Spark reaches raise `TablesNotReadable`."""
+    root = delta_location(tables_dir)
+    if root is None:
         raise TablesNotReadable(
-            f"table {name} at {table_path(tables_dir, name)} is not on this machine's disk"
+            f"table {name} at {table_path(tables_dir, name)} is on a file system only Spark reaches"
         )
-    path = table_path(local, name)
+    path = table_path(root, name)
     if not is_delta_table(path):
         return 0
     from deltalake import DeltaTable

@@ -3,6 +3,7 @@ Spark session per run."""
 
 import freezegun
 
+from tests.harness.azurite import azurite, azurite_factory  # noqa: F401
 from tests.harness.broker import broker_factory, mosquitto, mosquitto_factory  # noqa: F401
 from tests.harness.daemon import daemon_factory  # noqa: F401
 from tests.harness.spark import spark_session  # noqa: F401

@@ -61,7 +61,7 @@ from actors.config.routes import (
     check_target,
     render_target,
 )
-from spark.location import is_local_master, local_path, parse_location
+from spark.location import is_local_master, local_path, object_store, parse_location
 from spark.topics import check_topic_filter, topic_matches
 
 logger = logging.getLogger(__name__)
@@ -673,10 +673,15 @@ class SparkConfig(_Section):
     # spark/location.py has the rules.
     tables_dir: NonEmptyStr | None = None
     """Where the tables live. Unset: `<data_dir>/tables`. A local path (relative to the working
-    directory), a `file:` URI, or a URI the whole cluster reaches (`hdfs://namenode:8020/fxgate`,
-    `s3a://bucket/fxgate`). Credentials never go in the URI: give them in `[spark.conf]` or the
-    environment. The members of a `source.shared_subscription_group` share one: the group's
-    tables, on this machine's disk (landed by delta-rs in the daemon)."""
+    directory), a `file:` URI, an object store that delta-rs lands into from the daemon with no
+    JVM (Azure Blob Storage or ADLS Gen2: `az://container/path`,
+    `abfss://container@account.dfs.core.windows.net/path`; S3: `s3://bucket/path`), or a URI
+    the whole cluster reaches (`hdfs://namenode:8020/fxgate`, `s3a://bucket/fxgate`).
+    Credentials never go in the URI: an object store takes them from the environment (the
+    store's own variables, e.g. `AZURE_STORAGE_ACCOUNT_NAME` with `AZURE_STORAGE_SAS_TOKEN`; docs:
+    object-store tables), Spark from `[spark.conf]` or the environment. The members of a
+    `source.shared_subscription_group` share one: the group's tables, on this machine's disk or
+    an object store every member reaches (landed by delta-rs in the daemon)."""
     # A Spark job costs ~0.1 s fixed with landing = "spark", hence tens of packs per commit (§4).
     batch_max_rows: int = Field(20000, ge=1)
     """Rows are appended in one Delta commit per table per batch, written when this many rows
@@ -724,14 +729,16 @@ class SparkConfig(_Section):
     parse_helpers: int = Field(1, ge=0, le=7)
     """Processes the parse worker starts beside it: a batch of 1 MiB of payloads or more is
     built in parts, one in each process at once, then joined into the same rows. 1 uses the
-    second core; 0: the worker builds each batch alone."""
+    second core; 0: the worker builds each batch alone. Set 0 where several daemons share the
+    box's cores (two members of a group on one 2-core machine): there a helper finds no free
+    core, and its batch waits for it (`group-landing` benchmark)."""
     # spark.tables.ArrowTableWriter for "auto".
     landing: Literal["auto", "spark"] = "auto"
-    """How a batch lands. `auto`: with a local master and the tables on this machine's disk,
-    pyarrow writes the files and delta-rs commits them in the daemon's process, with no JVM (its
-    maintenance too); otherwise (a cluster, `hdfs://`, `s3a://`) a Spark job through
-    delta-spark. `spark`: always a Spark job, and the daemon keeps a Spark session. Both land
-    each batch exactly once, with the same Delta application ids."""
+    """How a batch lands. `auto`: with the tables on an object store, or on this machine's disk
+    with a local master, pyarrow writes the files and delta-rs commits them in the daemon's
+    process, with no JVM (its maintenance too); otherwise (a cluster, `hdfs://`, `s3a://`) a
+    Spark job through delta-spark. `spark`: always a Spark job, and the daemon keeps a Spark
+    session. Both land each batch exactly once, with the same Delta application ids."""
     conf: Annotated[dict[str, SparkConfValue], AfterValidator(_non_empty_key)] = Field(
         default_factory=dict
     )
@@ -758,11 +765,12 @@ class SparkConfig(_Section):
     @property
     def lands_with_arrow(self) -> bool:
         """Whether the writer writes batches with pyarrow: see `landing`."""
-        return (
-            self.landing == "auto"
-            and is_local_master(self.master)
-            and local_path(self.tables_path(Path())) is not None
-        )
+        if self.landing != "auto":
+            return False
+        location = self.tables_path(Path())
+        if object_store(location) is not None:
+            return True
+        return is_local_master(self.master) and local_path(location) is not None
 
     def tables_path(self, data_path: Path) -> Path | str:
         """Where the tables live: `tables_dir` (a path relative to the working directory, a
@@ -1189,13 +1197,14 @@ def _group_errors(source: SourceConfig, spark: SparkConfig) -> list[str]:
         if spark.landing == "spark"
         else f"master = {spark.master!r}"
         if not is_local_master(spark.master)
-        else f"tables_dir = {spark.tables_dir!r} is not on this machine's disk"
+        else f"tables_dir = {spark.tables_dir!r} is on a file system only Spark reaches"
     )
     return [
         f"source.shared_subscription_group = {group!r}: the members of a shared group land "
-        "into the group's one table through delta-rs in the daemon, which needs a local "
-        f'master, landing = "auto" and a local tables_dir ({why}); a Spark landing would '
-        "append, and the group's table would hold the reads a broker gives two members twice"
+        "into the group's one table through delta-rs in the daemon, which needs landing = "
+        '"auto" and a tables_dir on this disk (with a local master) or on an object store '
+        f"({why}); a Spark landing would append, and the group's table would hold the reads a "
+        "broker gives two members twice"
     ]
 
 

@@ -70,7 +70,12 @@ class ReaderSetupError(RuntimeError):
 
 
 def table_exists(path: str | Path) -> bool:
-    """Whether the Delta log at `path` has a commit or a checkpoint (a local path)."""
+    """Whether the Delta log at `path` has a commit or a checkpoint (a local path, or an object
+    store's URI: delta-rs asks the store, with the store's variables from the environment)."""
+    if "://" in str(path):
+        from deltalake import DeltaTable
+
+        return DeltaTable.is_deltatable(str(path))
     log = Path(path) / "_delta_log"
     try:
         return any(_LOG_ENTRY.match(entry.name) for entry in os.scandir(log))

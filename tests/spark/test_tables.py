@@ -602,9 +602,10 @@ def test_the_arrow_writer_commits_one_file_per_date_under_its_date_directory(
     assert pq.read_schema(tmp_path / READS / files[0]).names == ["id", "payload", "batch_id"]
 
 
-def test_the_arrow_writer_refuses_tables_that_are_not_on_this_disk(spark_session):
-    with pytest.raises(TablesNotReadable, match="not on this machine's disk"):
-        ArrowTableWriter(spark_session, "hdfs://namenode/fxgate/tables", APP)
+def test_the_arrow_writer_refuses_tables_only_spark_reaches(spark_session):
+    for location in ("hdfs://namenode/fxgate/tables", "s3a://bucket/fxgate/tables"):
+        with pytest.raises(TablesNotReadable, match="batches go through Spark there"):
+            ArrowTableWriter(spark_session, location, APP)
 
 
 def test_a_gateways_application_id_is_made_from_its_ledger_id_and_refuses_odd_ids():

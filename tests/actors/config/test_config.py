@@ -491,13 +491,24 @@ def test_a_shared_group_lands_through_delta_rs_and_a_spark_landing_is_refused_sa
     for key, value, why in (
         ("LANDING", "spark", 'landing = "spark"'),
         ("MASTER", "spark://10.0.0.9:7077", "master = 'spark://10.0.0.9:7077'"),
-        ("TABLES_DIR", "hdfs://nn:8020/fxgate", "is not on this machine's disk"),
+        ("TABLES_DIR", "hdfs://nn:8020/fxgate", "is on a file system only Spark reaches"),
     ):
         with pytest.raises(ConfigError) as refused:
             load(environ={**group, f"FXGATE__SPARK__{key}": value})
         (error,) = refused.value.errors
         assert error.startswith("source.shared_subscription_group = 'fxgate': the members")
         assert why in error
+    # An object store every member reaches is the group's place, whatever the master.
+    for tables in ("az://fxgate/env-a", "s3://bucket/env-a"):
+        config = load(
+            environ={
+                **group,
+                "FXGATE__SPARK__TABLES_DIR": tables,
+                "FXGATE__SPARK__MASTER": "spark://10.0.0.9:7077",
+            }
+        )
+        assert config.spark.lands_with_arrow
+        assert config.group_tables == "fxgate-local-gw-01"
 
 
 # --- forwarding: upstream, routes, buffer -----------------------------------------------------
