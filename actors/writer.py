@@ -835,7 +835,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             self._give_credit()
         if self.failures:
             log.info(
-                "Spark writes again: batch %d written after %d failed attempt(s) over %.0f s",
+                "tables written again: batch %d written after %d failed attempt(s) over %.0f s",
                 batch_id,
                 self.failures,
                 self._clock.wall() - (self._health.failing_since or self._clock.wall()),
@@ -938,7 +938,7 @@ class SparkWriterActor(pykka.ThreadingActor):
             "%s (attempt %d): %s; retrying in %.1f s (its %d messages stay in the ledger)",
             "a batch could not begin"
             if batch is None
-            else f"batch {batch.batch_id}: Spark write failed",
+            else f"batch {batch.batch_id}: table write failed",
             self.failures,
             what,
             delay,

@@ -60,7 +60,7 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from spark.gaps import epoch_offsets, range_size
-from spark.location import Location, local_path, spark_uri
+from spark.location import Location, local_path, object_store, spark_uri
 from spark.progress import NO_PROGRESS, Progress
 from spark.tables import LANDED_BY, READER_EVENTS, READS, table_path
 
@@ -247,6 +247,13 @@ def check_tables_dir(tables_dir: Location) -> None:
     Checked before any JVM starts, so a wrong path fails in a moment. Only local directories are
     checked here; for a remote one (hdfs://, s3a://) Spark says it when it reads.
     """
+    store = object_store(tables_dir)
+    if store is not None:
+        raise AuditError(
+            f"the tables are on {store} ({tables_dir}): the audit reads through Spark, and "
+            f"fxgate's Spark has no connector for {store}; the readers' counts are in "
+            "`fxgate status` meanwhile"
+        )
     local = local_path(tables_dir)
     if local is None:
         return

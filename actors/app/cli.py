@@ -331,31 +331,43 @@ def dead_letters_replay(
 )
 @no_progress_option
 def report(config_path: Path | None, manifest: Path, no_progress: bool) -> None:
-    """Compare the reads table (through Spark) with what a simulation published."""
+    """Compare the reads table (through Spark; on an object store, with delta-rs) with what a
+    simulation published."""
     from actors.devtools.simulate import expected_read_ids, read_manifest
-    from spark.report import compare, landed_ids_spark
+    from spark.location import object_store
+    from spark.report import compare, landed_ids_arrow, landed_ids_spark
     from spark.session import DeltaJarsMissing, stop_session
 
     config = _load(config_path)
     progress = _progress(no_progress)
+    tables = config.spark.tables_path(config.gateway.data_path)
+    # Tables on an object store are read by delta-rs, which reaches them (Spark here does not).
+    store = object_store(tables)
     try:
         with progress.start("report", 4, counts=("rows",), note="reading the manifest"):
             expected = expected_read_ids(read_manifest(manifest))
-            progress.advance(1, note="starting Spark")
-            session = command_session(config, "report")
-            progress.advance(1, note="reading the reads table through Spark")
-            try:
-                tables = config.spark.tables_path(config.gateway.data_path)
-                ids, readers = landed_ids_spark(session, tables)
-            finally:
-                stop_session(session)
+            if store is not None:
+                progress.advance(2, note=f"reading the reads table on {store} with delta-rs")
+                ids, readers = landed_ids_arrow(tables)
+            else:
+                progress.advance(1, note="starting Spark")
+                session = command_session(config, "report")
+                progress.advance(1, note="reading the reads table through Spark")
+                try:
+                    ids, readers = landed_ids_spark(session, tables)
+                finally:
+                    stop_session(session)
             progress.advance(1, rows=len(ids), note="comparing")
             result = compare(expected, ids, readers)
             progress.advance(1)
     except DeltaJarsMissing as error:
         click.echo(f"fxgate report: {error}", err=True)
         sys.exit(2)
-    click.echo("reads table, read back through Spark:")
+    click.echo(
+        "reads table, read back through Spark:"
+        if store is None
+        else f"reads table on {store}, read back with delta-rs:"
+    )
     for line in result.lines():
         click.echo(line)
     click.echo("EXACT: every published read landed once" if result.exact else "MISMATCH")

@@ -5,10 +5,10 @@ the daemon maintains its tables between its own writes: the command leaves it a 
 (persistence/compaction_request.py) and is done. Held by another `fxgate compact`, it is refused.
 Otherwise it runs the pass itself (spark/maintenance.py): OPTIMIZE, VACUUM, checkpoints and log
 clean-up, each a Delta commit or a deletion no snapshot within the retention needs, so it takes
-no lock of the readers and no ledger state. With the tables on this disk it starts no JVM; for
-remote tables (a cluster's HDFS or S3) it runs the pass through delta-spark. A shared group's
-members hold no writer lock (DESIGN §7.12): beside them the command runs its pass itself, each
-OPTIMIZE claimed as theirs are.
+no lock of the readers and no ledger state. With the tables on this disk or an object store it
+starts no JVM; for tables only Spark reaches (a cluster's HDFS, s3a) it runs the pass through
+delta-spark. A shared group's members hold no writer lock (DESIGN §7.12), nor does anything on an
+object store: beside them the command runs its pass itself, each OPTIMIZE claimed as theirs are.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from actors.crashpoints import (
     crash_soon,
 )
 from persistence.compaction_request import write_compaction_request
-from spark.location import local_path
+from spark.location import local_path, object_store
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,14 @@ def compact_tables(config: Config, progress: ProgressReporter | None = None) -> 
         raise CompactRefused(str(error)) from None
     location = config.spark.tables_path(config.gateway.data_path)
     tables = local_path(location)
+    if tables is None and object_store(location) is not None:
+        # No lock file on a store: the pass claims each OPTIMIZE, beside any writer there.
+        maintainer = _delta_maintainer(
+            config, str(location), f"{config.identity.client_id} (fxgate compact)"
+        )
+        with progress.start("compact", unit="tables", counts=("files", "vacuumed")):
+            result = maintainer.run(time.time(), progress)
+        return f"maintenance pass: {result.summary()}"
     if tables is None:
         return _spark_pass(config, location, progress)
     lock = WriterLock(tables, "fxgate compact")
@@ -65,20 +73,13 @@ def compact_tables(config: Config, progress: ProgressReporter | None = None) -> 
         )
     try:
         _refuse_legacy_layout(tables)
-        from spark.maintenance import DeltaMaintainer
-
         log.info("maintaining the Delta tables in %s", tables)
-        maintainer = DeltaMaintainer(
+        maintainer = _delta_maintainer(
+            config,
             tables,
-            target_file_bytes=config.compaction.target_file_mb * 1024 * 1024,
-            open_file_bytes=config.compaction.open_file_mb * 1024 * 1024,
-            vacuum_retention_hours=config.compaction.vacuum_retention_hours,
-            checkpoint=crash_point,
-            soon=lambda name: crash_soon(name, delay=MAINTENANCE_CRASH_DELAY),
-            properties=config.compaction.table_properties(),
             # A shared group's members maintain its tables while they run, with no lock between
             # them: the command claims each OPTIMIZE as they do (spark/maintenance.py).
-            claim=None
+            None
             if config.group_tables is None
             else f"{config.identity.client_id} (fxgate compact)",
         )
@@ -87,6 +88,23 @@ def compact_tables(config: Config, progress: ProgressReporter | None = None) -> 
     finally:
         lock.release()
     return f"maintenance pass: {result.summary()}"
+
+
+def _delta_maintainer(config: Config, tables: Path | str, claim: str | None):
+    """A pass with delta-rs over the tables on this disk or an object store, with the
+    configuration's sizes and retention; each OPTIMIZE claimed as `claim` (None: the lock)."""
+    from spark.maintenance import DeltaMaintainer
+
+    return DeltaMaintainer(
+        tables,
+        target_file_bytes=config.compaction.target_file_mb * 1024 * 1024,
+        open_file_bytes=config.compaction.open_file_mb * 1024 * 1024,
+        vacuum_retention_hours=config.compaction.vacuum_retention_hours,
+        checkpoint=crash_point,
+        soon=lambda name: crash_soon(name, delay=MAINTENANCE_CRASH_DELAY),
+        properties=config.compaction.table_properties(),
+        claim=claim,
+    )
 
 
 def _refuse_legacy_layout(tables: Path) -> None:

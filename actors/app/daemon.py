@@ -36,7 +36,7 @@ from actors.supervisor import ActorCrashed, Supervisor
 from persistence.database import SchemaTooNew, check_versions
 from persistence.permissions import private_directory
 from persistence.storage_faults import corrupt_files
-from spark.location import local_path
+from spark.location import delta_location, local_path
 
 log = logging.getLogger(__name__)
 
@@ -251,11 +251,16 @@ class Gateway:
         return bool(moved)
 
     def _check_group(self) -> str | None:
-        """Why the tables on this disk are not this gateway's to land into (None: they are):
-        its group's, or, alone, no group's (spark.tables.check_group; remote tables are the
-        cluster's). Tables that do not exist yet are the writer's to make, marked."""
-        tables = local_path(self.config.tables_path)
-        if tables is None or not any(tables.glob("*/_delta_log")):
+        """Why the tables on this disk or an object store are not this gateway's to land into
+        (None: they are): its group's, or, alone, no group's (spark.tables.check_group; tables
+        only Spark reaches are the cluster's). Tables that do not exist yet are the writer's to
+        make, marked."""
+        location = self.config.tables_path
+        tables = delta_location(location)
+        if tables is None:
+            return None
+        local = local_path(location)
+        if local is not None and not any(local.glob("*/_delta_log")):
             return None  # without importing pyarrow and delta-rs: the writer does, in its thread
         from spark.tables import TablesOfAnotherGroup, check_group
 
@@ -263,6 +268,19 @@ class Gateway:
             adopted = check_group(tables, self.config.group_tables)
         except TablesOfAnotherGroup as error:
             return str(error)
+        except OSError as error:
+            if local is not None:
+                raise
+            # The store is down or refuses: the reads wait in the ledger meanwhile, and a
+            # start must not wait for the store (the writer retries its writes until it can).
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            log.warning(
+                "could not check whose tables %s are (%s); starting without that check: the "
+                "writer lands once the store answers",
+                tables,
+                first,
+            )
+            return None
         if adopted:
             log.info(
                 "tables %s are group %s's from now on", ", ".join(adopted), self.config.group_tables

@@ -82,6 +82,10 @@ def _tables(tables_dir: Path | str) -> dict:
     except TablesNotReadable as error:
         # Tables on a cluster file system pyarrow cannot open: status starts no JVM to count them.
         return {READS: None, DEAD_LETTERS: None, "unreadable": str(error)}
+    except OSError as error:
+        # An object store that is down or refuses (delta-rs raises OSError): said, not a crash.
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+        return {READS: None, DEAD_LETTERS: None, "unreadable": f"{tables_dir}: {first}"}
 
 
 def collect_status(config: Config, now: float | None = None) -> dict:

@@ -167,9 +167,9 @@ def test_failed_spark_writes_are_reported_then_land_every_row_once_after_recover
     assert tables.calls == [(1, 20)] * 4  # the same batch, the same rows, each time
     assert batch_states(tmp_path) == [(1, "committed")]
     assert landed(tmp_path) == expected_ids(pack)
-    failed_lines = [r for r in caplog.records if "Spark write failed" in r.getMessage()]
+    failed_lines = [r for r in caplog.records if "table write failed" in r.getMessage()]
     assert [r.levelname for r in failed_lines] == ["ERROR"] * 3  # one line per failure
-    assert sum("Spark writes again" in r.getMessage() for r in caplog.records) == 1
+    assert sum("tables written again" in r.getMessage() for r in caplog.records) == 1
 
 
 @pytest.mark.spark

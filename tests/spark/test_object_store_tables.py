@@ -193,3 +193,19 @@ def test_readers_of_a_table_only_spark_reaches_are_told_so():
 
     with pytest.raises(TablesNotReadable, match="only Spark"):
         count_rows("hdfs://namenode/fxgate", READS)
+
+
+def test_a_group_table_on_the_store_refuses_a_gateway_alone_and_another_group(tables):
+    from spark.tables import GROUP_OF, TablesOfAnotherGroup, check_group
+
+    member(tables, APP_A, "fxgate-env-a-a1").write_batch(1, {READS: reads(range(5))})
+    assert check_group(tables, "fxgate-env-a") == []
+    with pytest.raises(TablesOfAnotherGroup, match="fxgate-env-a"):
+        check_group(tables, None)
+    with pytest.raises(TablesOfAnotherGroup, match="each environment's group"):
+        check_group(tables, "fxgate-env-b")
+    from deltalake import DeltaTable
+
+    assert DeltaTable(table_path(tables, READS)).metadata().configuration[GROUP_OF] == (
+        "fxgate-env-a"
+    )
