@@ -4,8 +4,8 @@ azurite.py) reached as Azure is, the storage account variables in the daemons' e
 
 Through SIGKILLs of the daemon and a restart of the store while reads flow, and maintenance
 passes on the daemon's schedule among them, the table holds every read the publishers got
-acknowledged exactly once; readers in other processes (delta-rs, Polars), reading all along,
-never see a read twice. The same for two members of one shared group on the one table there.
+acknowledged exactly once; readers in other processes (delta-rs, Polars, DuckDB), reading all
+along, never see a read twice. The same for two members of one shared group on the one table there.
 FXGATE_OBJECT_STORE_SEED replays the random moments (the seed is printed).
 """
 
@@ -36,7 +36,7 @@ MAINTENANCE = {
     "FXGATE__COMPACTION__START_DELAY_SECONDS": "1",
     "FXGATE__COMPACTION__INTERVAL_SECONDS": "3",
 }
-ENGINES = ("deltalake", "polars")
+ENGINES = ("deltalake", "polars", "duckdb")
 
 
 def publish(publishing: Publishing, broker) -> None:

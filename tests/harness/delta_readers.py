@@ -103,13 +103,25 @@ def duckdb_extension_path() -> Path:
 
 def duckdb_connection():
     """An in-memory DuckDB connection with the delta extension loaded from its installed file;
-    autoinstall and autoload are off, so DuckDB never reaches for the network."""
+    autoinstall and autoload are off, so DuckDB never reaches for the network. Where the
+    environment names an Azure storage account (`AZURE_STORAGE_ACCOUNT_NAME`), the azure
+    extension (PyPI's `duckdb-ext-azure`) is loaded too, with a secret of that account, as a
+    DuckDB user reads tables there (docs: object-store tables)."""
     import duckdb
 
     path = duckdb_extension_path()
     connection = duckdb.connect(
         config={"autoinstall_known_extensions": False, "autoload_known_extensions": False}
     )
+    account = os.environ.get("AZURE_STORAGE_ACCOUNT_NAME")
+    if account:
+        connection.execute(f"LOAD '{path.with_name('azure.duckdb_extension')}'")
+        parts = [f"AccountName={account}"]
+        if key := os.environ.get("AZURE_STORAGE_ACCOUNT_KEY"):
+            parts.append(f"AccountKey={key}")
+        if emulator := os.environ.get("AZURITE_BLOB_STORAGE_URL"):
+            parts += ["DefaultEndpointsProtocol=http", f"BlobEndpoint={emulator}/{account}"]
+        connection.execute("CREATE SECRET (TYPE azure, CONNECTION_STRING ?)", [";".join(parts)])
     connection.execute(f"LOAD '{path}'")
     return connection
 

@@ -7,7 +7,8 @@ faults: each batch once through its transaction id and its replay; a kill betwee
 the commit leaves blobs no snapshot lists; a store that is down fails the write (the writer
 actor's backoff retries it, the ledger holding the reads) and the same batch lands once after;
 two group members' merges forced to race; a claimed OPTIMIZE and a VACUUM beside a member's
-landing. Readers in other processes (delta-rs, Polars) read the table the way their users do.
+landing. Readers in other processes (delta-rs, Polars, DuckDB) read the table the way their users
+do.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ def test_batches_land_once_on_azure_and_a_replay_is_skipped(tables, tmp_path):
     assert is_delta_table(table_path(tables, READS))
     assert count_rows(tables, READS) == 20
     assert sorted(ids_of(read_table_arrow(tables, READS))) == sorted(ids_of(reads(range(20))))
-    for engine in ("deltalake", "polars"):
+    for engine in ("deltalake", "polars", "duckdb"):
         record = read_elsewhere(engine, tables, tmp_path / engine)
         assert once(record) == 20, (engine, record)
 
@@ -156,7 +157,7 @@ def test_two_members_racing_on_azure_land_each_read_once_and_the_loser_merges_ag
     assert a.take_merge_counts() == (1, 5)
     ids = ids_of(read_table_arrow(tables, READS))
     assert sorted(ids) == sorted(ids_of(reads(range(25))))
-    for engine in ("deltalake", "polars"):
+    for engine in ("deltalake", "polars", "duckdb"):
         record = read_elsewhere(engine, tables, tmp_path / engine)
         assert once(record) == 25, (engine, record)
 
@@ -183,7 +184,7 @@ def test_a_claimed_optimize_and_a_vacuum_on_azure_beside_a_landing_member_keep_e
     # A second pass compacts what the first left and VACUUM deletes the replaced blobs.
     DeltaMaintainer(tables, claim="fxgate-env-a-a1", vacuum_retention_hours=0).run(NOW)
     assert len(data_blobs(tables)) == 1
-    for engine in ("deltalake", "polars"):
+    for engine in ("deltalake", "polars", "duckdb"):
         record = read_elsewhere(engine, tables, tmp_path / engine)
         assert once(record) == 40, (engine, record)
 
