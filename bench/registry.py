@@ -21,6 +21,7 @@ MODULES = (
     "bench.compaction",
     "bench.delta_log",
     "bench.group",
+    "bench.object_store",
     "bench.start",
     "bench.parse_where",
     "bench.windows",
