@@ -62,7 +62,14 @@ from pyspark.sql import functions as F
 from spark.gaps import epoch_offsets, range_size
 from spark.location import Location, local_path, object_store, spark_uri
 from spark.progress import NO_PROGRESS, Progress
-from spark.tables import LANDED_BY, READER_EVENTS, READS, table_path
+from spark.tables import (
+    LANDED_BY,
+    READER_EVENTS,
+    READS,
+    is_delta_table,
+    read_delta_frame,
+    table_path,
+)
 
 log = logging.getLogger(__name__)
 
@@ -244,16 +251,20 @@ def _range_text(missing: tuple[int, int]) -> str:
 def check_tables_dir(tables_dir: Location) -> None:
     """Raise AuditError unless `tables_dir` is a readable directory holding a `reads` directory.
 
-    Checked before any JVM starts, so a wrong path fails in a moment. Only local directories are
-    checked here; for a remote one (hdfs://, s3a://) Spark says it when it reads.
+    Checked before any JVM starts, so a wrong path fails in a moment: a local directory, or an
+    object store's (through delta-rs); on a cluster file system (hdfs://, s3a://) Spark says it
+    when it reads.
     """
-    store = object_store(tables_dir)
-    if store is not None:
-        raise AuditError(
-            f"the tables are on {store} ({tables_dir}): the audit reads through Spark, and "
-            f"fxgate's Spark has no connector for {store}; the readers' counts are in "
-            "`fxgate status` meanwhile"
-        )
+    if object_store(tables_dir) is not None:
+        reads = table_path(str(tables_dir), READS)
+        try:
+            found = is_delta_table(reads)
+        except OSError as error:
+            first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+            raise AuditError(f"cannot reach {tables_dir}: {first}") from None
+        if not found:
+            raise AuditError(f"{tables_dir} holds no reads table: no Delta log at {reads}")
+        return
     local = local_path(tables_dir)
     if local is None:
         return
@@ -317,11 +328,8 @@ def read_numbered_reader_events(session: SparkSession, tables_dir: Location) -> 
 def _read_delta(session: SparkSession, path: str) -> DataFrame | None:
     """The Delta table at `path` as one snapshot, or None when there is none (no log). Schema
     changes are additive (DESIGN §7.7): a column added later is in the table's schema, null in
-    older rows."""
-    jvm = session.sparkContext._jvm
-    if not jvm.io.delta.tables.DeltaTable.isDeltaTable(session._jsparkSession, path):
-        return None
-    return session.read.format("delta").load(path)
+    older rows. On an object store, delta-rs reads it (spark.tables.read_delta_frame)."""
+    return read_delta_frame(session, path)
 
 
 def audit_tables(

@@ -37,7 +37,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark.location import Location, spark_uri
-from spark.tables import READER_EVENTS, READS, table_path
+from spark.tables import READER_EVENTS, READS, read_delta_frame, table_path
 from spark.zebra import HEARTBEAT, data_path_counters
 
 log = logging.getLogger(__name__)
@@ -197,7 +197,4 @@ def _messages_within(
 
 
 def _read(session: SparkSession, path: str) -> DataFrame | None:
-    jvm = session.sparkContext._jvm
-    if not jvm.io.delta.tables.DeltaTable.isDeltaTable(session._jsparkSession, path):
-        return None
-    return session.read.format("delta").load(path)
+    return read_delta_frame(session, path)

@@ -204,6 +204,10 @@ def build_session(
         # fails on a gateway whose name does not resolve at all). Not for a remote cluster:
         # its executors could not reach a driver that advertises 127.0.0.1.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        # Read when the JVM starts too: its Python workers (a Python data source's planner and
+        # reader, spark/delta_rs_source.py) run this interpreter, with fxgate's packages, not
+        # whatever `python3` the PATH finds first.
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     work_dir = Path(work_dir).absolute()
     local_dir = work_dir / "local"

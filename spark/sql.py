@@ -42,7 +42,7 @@ from py4j.protocol import Py4JJavaError
 from pyspark.errors import ParseException, PySparkException
 from pyspark.sql import SparkSession
 
-from spark.location import Location, local_path, object_store
+from spark.location import Location, local_path
 from spark.schema import (
     DEAD_LETTERS_SCHEMA,
     EVENTS_SCHEMA,
@@ -116,16 +116,8 @@ class QueryResult:
 
 def check_tables_dir(tables_dir: Location) -> None:
     """Raise CannotQuery unless a local `tables_dir` is a directory (a remote one is
-    Spark's to find; an object store's, Spark here does not reach); checked before a JVM
-    starts, so a wrong path fails at once."""
-    store = object_store(tables_dir)
-    if store is not None:
-        raise CannotQuery(
-            f"the tables are on {store} ({tables_dir}), which fxgate's Spark does not reach "
-            "(it has no connector for it); query them with DuckDB or Polars, which read Delta "
-            "tables there with the same variables as the daemon (docs: object-store tables), "
-            "or from your platform's Spark"
-        )
+    Spark's to find, an object store's delta-rs's); checked before a JVM starts, so a wrong
+    path fails at once."""
     local = local_path(tables_dir)
     if local is None:
         return

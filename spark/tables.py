@@ -1153,12 +1153,26 @@ def read_table(session, tables_dir: Location, name: str, schema: pa.Schema | Non
     """Table `name` through Spark (delta-spark), as one snapshot; `date` is a string.
 
     A table with no commit yet is an empty DataFrame with `schema` (Arrow) or, without it, just
-    the `date` and `batch_id` columns.
+    the `date` and `batch_id` columns. A table on an object store is read by delta-rs, handed
+    to Spark (spark/delta_rs_source.py): fxgate's Spark has no connector for the store.
     """
-    path = table_path(spark_uri(tables_dir), name)
+    df = read_delta_frame(session, table_path(spark_uri(tables_dir), name))
+    return session.createDataFrame(_empty_table(schema)) if df is None else df
+
+
+def read_delta_frame(session, path: str):
+    """The Delta table at `path` as a Spark DataFrame of one snapshot, or None when there is
+    none (no log): delta-spark's reader, or delta-rs's on an object store."""
+    if object_store(path) is not None:
+        if not is_delta_table(path):
+            return None
+        from spark.delta_rs_source import FORMAT, register
+
+        register(session)
+        return session.read.format(FORMAT).load(path)
     jvm = session.sparkContext._jvm
     if not jvm.io.delta.tables.DeltaTable.isDeltaTable(session._jsparkSession, path):
-        return session.createDataFrame(_empty_table(schema))
+        return None
     return session.read.format("delta").load(path)
 
 

@@ -28,6 +28,19 @@ def _load(config_path: Path | None, connecting: bool = False) -> Config:
         sys.exit(2)
 
 
+class _SparkFailed(Exception):
+    """A Spark failure, its message already read (the JVM may be gone by the time it is shown)."""
+
+
+def _first_line(error: BaseException) -> str:
+    """`Type: first line of the message` (py4j appends the Java stack below it)."""
+    try:
+        first = (str(error).strip().splitlines() or [""])[0]
+    except Exception:  # py4j could not reach the JVM to ask
+        first = "(no message)"
+    return f"{type(error).__name__}: {first}"
+
+
 config_option = click.option(
     "--config",
     "config_path",
@@ -415,17 +428,20 @@ def audit(
                 result = audit_tables(session, locations, progress)
                 progress.advance(0, note="reconciling the readers' heartbeats")
                 reconciled = reconcile_tables(session, locations)
+            except AuditError:
+                raise
+            except Exception as error:
+                # Said now: py4j asks the JVM for a Java error's message, and the JVM is
+                # stopped on the way out.
+                raise _SparkFailed(_first_line(error)) from None
             finally:
                 stop_session(session)
     except AuditError as error:
         click.echo(f"fxgate audit: could not audit: {error}", err=True)
         sys.exit(2)
     except Exception as error:  # a Spark failure: the audit says nothing about the reads
-        first = (str(error).strip().splitlines() or [""])[0]  # py4j appends the Java stack
-        click.echo(
-            f"fxgate audit: could not audit: Spark failed: {type(error).__name__}: {first}",
-            err=True,
-        )
+        what = str(error) if isinstance(error, _SparkFailed) else _first_line(error)
+        click.echo(f"fxgate audit: could not audit: Spark failed: {what}", err=True)
         sys.exit(2)
     if as_json:
         reconciliation = {name: reconciled[name].to_json() for name in sorted(reconciled)}
