@@ -8,6 +8,7 @@ through Spark as anywhere, the tables read by delta-rs and handed to Spark
 from __future__ import annotations
 
 import json
+import subprocess
 from collections import Counter
 
 import pyarrow as pa
@@ -113,9 +114,15 @@ def test_report_reads_the_store_with_delta_rs_and_names_a_read_landed_twice(tabl
     assert "MISMATCH" in twice.output
 
 
-# `sql` and `audit` start their own Spark session here, as on a gateway: its JVM, and the Python
-# workers that read the store for it, inherit the store's variables from the command's
-# environment (the suite's session started before the test's Azurite).
+def run_process(tmp_path, tables: str, *args: str) -> subprocess.CompletedProcess:
+    """The command as its own process, as on a gateway: `sql` and `audit` start a Spark session
+    there, whose JVM, and the Python workers that read the store for it, inherit the store's
+    variables from the command's environment. (In this process, the command would take the
+    suite's session, started before the test's Azurite, and stop it on its way out.)"""
+    from tests.actors.app.test_sql_command import fxgate
+
+    env = {"FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"), "FXGATE__SPARK__TABLES_DIR": tables}
+    return fxgate(*args, env=env)
 
 
 @pytest.mark.spark
@@ -125,7 +132,7 @@ def test_sql_queries_the_stores_tables_through_delta_rs(tables, tmp_path):
     later = reads(range(50, 60))
     later = later.append_column("note", pa.array(["new"] * later.num_rows))
     ArrowTableWriter(None, tables, APP).write_batch(5, {READS: later})
-    counted = run(
+    counted = run_process(
         tmp_path,
         tables,
         "sql",
@@ -133,7 +140,7 @@ def test_sql_queries_the_stores_tables_through_delta_rs(tables, tmp_path):
         "SELECT count(*) AS n, count(DISTINCT message_id) AS ids, count(note) AS notes, "
         "min(date) AS day FROM reads",
     )
-    assert counted.exit_code == 0, counted.output
+    assert counted.returncode == 0, counted.stderr
     (row,) = [json.loads(line) for line in counted.stdout.splitlines() if line.startswith("{")]
     assert row == {"n": 50, "ids": 50, "notes": 10, "day": "2026-11-29"}
 
@@ -145,8 +152,8 @@ def test_audit_finds_a_gap_in_the_stores_reads_table(tables, tmp_path):
     gap = [n for n in numbers if n not in (23, 24, 25)]
     writer = ArrowTableWriter(None, tables, APP)
     writer.write_batch(1, {READS: whole.filter(pa.array([n in gap for n in numbers]))})
-    audited = run(tmp_path, tables, "audit", "--json", "--no-progress")
-    assert audited.exit_code == 1, audited.output
+    audited = run_process(tmp_path, tables, "audit", "--json", "--no-progress")
+    assert audited.returncode == 1, audited.stderr
     report = json.loads(audited.stdout)
     assert report["complete"] is False
     assert report["readers"]["fx9600-01"]["missing"] == [[23, 25]], report

@@ -536,9 +536,9 @@ def test_an_empty_query_is_a_usage_error(config_file):
 # -- as its own process ------------------------------------------------------------------------
 
 
-def fxgate(*args: str) -> subprocess.CompletedProcess:
-    """`python -m actors.app.cli ...` in its own process group, killed with its JVM if it
-    outlives the timeout or the test fails while it runs."""
+def fxgate(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """`python -m actors.app.cli ...` in its own process group (this environment, with `env`
+    on top), killed with its JVM if it outlives the timeout or the test fails while it runs."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "actors.app.cli", *args],
         stdin=subprocess.DEVNULL,
@@ -546,7 +546,7 @@ def fxgate(*args: str) -> subprocess.CompletedProcess:
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
-        env={**os.environ, "PYTHONPATH": str(QUERIES_PAGE.parents[3])},
+        env={**os.environ, "PYTHONPATH": str(QUERIES_PAGE.parents[3]), **(env or {})},
     )
     try:
         out, err = proc.communicate(timeout=180)
