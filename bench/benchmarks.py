@@ -258,6 +258,13 @@ def alternate(
 # -- summaries ------------------------------------------------------------------------------
 
 
+def samples_used(raw: list[dict]) -> list[dict]:
+    """The samples of the undisturbed rounds when two or more are, else all (as `summarize`)."""
+    clean = {s["round"] for s in raw if not s.get("round_disturbed")}
+    rounds = clean if len(clean) >= 2 else {s["round"] for s in raw}
+    return [s for s in raw if s["round"] in rounds]
+
+
 def median_of(samples: list[dict], pick: Callable[[dict], float | None]) -> float | None:
     values = [v for v in (pick(s) for s in samples) if v is not None]
     return statistics.median(values) if values else None
@@ -363,10 +370,8 @@ def summarize(
 ) -> dict:
     for sample in raw:
         sample["value"] = value(sample)
-    clean_rounds = sorted({s["round"] for s in raw if not s.get("round_disturbed")})
-    all_rounds = sorted({s["round"] for s in raw})
-    used_rounds = clean_rounds if len(clean_rounds) >= 2 else all_rounds
-    used = [s for s in raw if s["round"] in used_rounds]
+    used = samples_used(raw)
+    used_rounds = sorted({s["round"] for s in used})
     base = [s for s in used if s["role"] == "baseline"]
     fx = [s for s in used if s["role"] == "fxgate"]
     b_med = statistics.median(s["value"] for s in base) if base else None
@@ -400,7 +405,7 @@ def summarize(
         "target": target,
         "met": met,
         "rounds_used": used_rounds,
-        "rounds_disturbed": [r for r in all_rounds if r not in clean_rounds],
+        "rounds_disturbed": sorted({s["round"] for s in raw if s.get("round_disturbed")}),
         "raw": raw,
     }
 

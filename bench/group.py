@@ -95,7 +95,7 @@ import pyarrow.compute as pc
 
 from actors.config.schema import CompactionConfig, SparkConfig, load_config
 from bench import machine
-from bench.benchmarks import Benchmark, Context, alternate, fxgate_sample
+from bench.benchmarks import Benchmark, Context, alternate, fxgate_sample, samples_used
 from bench.compaction import log_state, reads_rows
 from bench.delta_log import SimulatedLog
 from bench.harness import PUBLISHING_READERS, GatewayWorker
@@ -708,13 +708,6 @@ def group_round(
     }
 
 
-def _used(raw: list[dict]) -> list[dict]:
-    """As bench.benchmarks.summarize: undisturbed rounds when two or more are, else all."""
-    clean = {s["round"] for s in raw if not s.get("round_disturbed")}
-    rounds = clean if len(clean) >= 2 else {s["round"] for s in raw}
-    return [s for s in raw if s["round"] in rounds]
-
-
 def _median(samples: list[dict], key: str) -> float | None:
     values = [s[key] for s in samples if s.get(key) is not None]
     return statistics.median(values) if values else None
@@ -746,7 +739,7 @@ def landing_part(ctx: Context) -> dict:
         )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    used = _used(raw)
+    used = samples_used(raw)
     shared = {
         role: _median([s for s in used if s["role"] == role], "rows_per_second")
         for role in ("baseline-shared", "group-shared")
@@ -924,7 +917,7 @@ def latency_part(ctx: Context) -> dict:
         )
     finally:
         second.close()
-    used = _used(raw)
+    used = samples_used(raw)
     levels = {
         role: summarize_level(
             [s for s in used if s["role"] == role],

@@ -24,6 +24,7 @@ Azure each landing costs that many round trips more than here.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import shutil
@@ -35,7 +36,7 @@ from pathlib import Path
 import numpy as np
 
 from actors.devtools.azurite import AzuriteProcess
-from bench.benchmarks import Benchmark, Context, alternate
+from bench.benchmarks import Benchmark, Context, alternate, samples_used
 from bench.compaction import reads_rows
 
 log = logging.getLogger(__name__)
@@ -130,7 +131,7 @@ def object_store_landing(ctx: Context) -> dict:
     quick = ctx.settings.quick
     work = ctx.next_dir("object-store")
     work.mkdir(parents=True, exist_ok=True)
-    samples = iter(range(1, 1_000_000))
+    samples = itertools.count(1)
     with azurite_in_environment(work) as emulator:
 
         def sample(role: str) -> dict:
@@ -151,10 +152,7 @@ def object_store_landing(ctx: Context) -> dict:
             rounds=2 if quick else ctx.settings.rounds,
         )
     shutil.rmtree(work, ignore_errors=True)
-    # As bench.benchmarks.summarize: the undisturbed rounds when two or more are, else all.
-    clean = {s["round"] for s in raw if not s.get("round_disturbed")}
-    kept = clean if len(clean) >= 2 else {s["round"] for s in raw}
-    used = [s for s in raw if s["round"] in kept]
+    used = samples_used(raw)
     levels = {
         role: {
             key: statistics.median(s[key] for s in used if s["role"] == role)
@@ -240,20 +238,17 @@ def plot(results_dir: Path, result: dict) -> Path:
     labels = {"baseline": "local disk", "fxgate": "Azurite", "group": "group member, Azurite"}
     for role in ROLES:
         mine = [s for s in result["raw"] if s["role"] == role]
-        axis.plot(
-            [s["order"] for s in mine],
-            [s["landing_ms_p99"] for s in mine],
-            "o",
-            color=colors[role],
-            label=f"{labels[role]}: p99",
-        )
-        axis.plot(
-            [s["order"] for s in mine],
-            [s["landing_ms_median"] for s in mine],
-            "x",
-            color=colors[role],
-            label=f"{labels[role]}: median",
-        )
+        for key, marker, which in (
+            ("landing_ms_p99", "o", "p99"),
+            ("landing_ms_median", "x", "median"),
+        ):
+            axis.plot(
+                [s["order"] for s in mine],
+                [s[key] for s in mine],
+                marker,
+                color=colors[role],
+                label=f"{labels[role]}: {which}",
+            )
     axis.axhline(result["target"]["value"], color="black", linestyle=":", linewidth=0.8)
     axis.set_yscale("log")
     axis.set_xlabel("sample, in run order")
