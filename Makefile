@@ -41,6 +41,13 @@ MOCHI_BIN       := $(VENV)/share/fxgate/bin/fxgate-mochi
 AZURITE_SOURCES := actors/devtools/azurite
 AZURITE_DIR     := $(VENV)/share/fxgate/azurite
 AZURITE_MAIN    := $(AZURITE_DIR)/node_modules/azurite/dist/src/blob/main.js
+# SeaweedFS, a real S3-compatible server with the conditional writes delta-rs commits with, for
+# the S3 tables' tests: its `weed` command built from the Go module proxy's sources at this
+# version (a pseudo-version: the project publishes no module tags; its go.mod has a replace
+# directive, so `go install module@version` refuses it and it is built in its module's folder).
+SEAWEEDFS_VERSION := v0.0.0-20261109003541-7506e5f91cd6
+SEAWEEDFS_BIN     := $(VENV)/share/fxgate/bin/weed
+SEAWEEDFS_STAMP   := $(VENV)/share/fxgate/seaweedfs-$(SEAWEEDFS_VERSION).stamp
 
 # The full soak (issue 3): at least 20 daemon SIGKILLs, 5 broker restarts, 50 connection flaps
 # per QoS; with a route upstream, also 50 upstream flaps and 10 SIGKILLs of the forward process.
@@ -95,7 +102,8 @@ format: deps
 	$(RUFF) format --config .ci/ruff.toml actors persistence spark tests bench
 	$(RUFF) check --fix --config .ci/ruff.toml actors persistence spark tests bench
 
-deps: system-deps $(STAMP) $(DELTA_JARS) $(CDS_ARCHIVE) $(HIVEMQ_LAUNCHER) $(MOCHI_BIN) $(AZURITE_MAIN)
+deps: system-deps $(STAMP) $(DELTA_JARS) $(CDS_ARCHIVE) $(HIVEMQ_LAUNCHER) $(MOCHI_BIN) $(AZURITE_MAIN) \
+	$(SEAWEEDFS_STAMP)
 
 delta-jars: $(DELTA_JARS)
 
@@ -125,6 +133,16 @@ $(MOCHI_BIN): $(MOCHI_SOURCES)/main.go $(MOCHI_SOURCES)/go.mod $(MOCHI_SOURCES)/
 
 # `npm ci` installs exactly the lock file's packages; Azurite's declared engine (Node.js 22) is
 # newer than Debian 12's Node.js 20, on which its Blob service runs (the tests say so).
+$(SEAWEEDFS_STAMP): | system-deps $(STAMP)
+	mkdir -p $(dir $(SEAWEEDFS_BIN))
+	module=$$(go mod download -json github.com/seaweedfs/seaweedfs@$(SEAWEEDFS_VERSION) \
+		| $(VENV)/bin/python -c 'import json, sys; print(json.load(sys.stdin)["Dir"])') \
+		&& cd "$$module" && go build -trimpath -ldflags='-s -w' \
+		-o $(abspath $(SEAWEEDFS_BIN)).tmp ./weed
+	mv $(SEAWEEDFS_BIN).tmp $(SEAWEEDFS_BIN)
+	rm -f $(VENV)/share/fxgate/seaweedfs-*.stamp
+	touch $(SEAWEEDFS_STAMP)
+
 $(AZURITE_MAIN): $(AZURITE_SOURCES)/package.json $(AZURITE_SOURCES)/package-lock.json | system-deps $(STAMP)
 	rm -rf $(AZURITE_DIR)
 	mkdir -p $(AZURITE_DIR)

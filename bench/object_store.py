@@ -142,7 +142,7 @@ def object_store_landing(ctx: Context) -> dict:
                     return {**land(role, str(tables), quick), "store": "local disk"}
                 finally:
                     shutil.rmtree(tables, ignore_errors=True)
-            container = emulator.create_container(f"bench{number}")
+            container = emulator.create_root(f"bench{number}")
             return {**land(role, f"{container}/env-a", quick), "store": "Azurite"}
 
         raw = alternate(

@@ -10,7 +10,11 @@ the writer lock) asks `local_path`; code that works wherever delta-rs reaches as
 `delta_location`, which is None only for Spark's file systems.
 
 An object store's credentials never appear in its URI: delta-rs (and the readers) take them
-from the environment, the variables each store's own tools use (docs: object-store tables).
+from the environment, the variables each store's own tools use (docs: object-store tables), or
+from `[spark] store_credentials_file`, a file of those variables that each command reads when it
+starts (`read_store_credentials`) and sets in its environment before any thread or child starts
+(`apply_store_credentials`): delta-rs, obstore, the parse worker and Spark's Python workers then
+all reach the store with the same settings.
 
 Spark is always handed a URI (`spark_uri`), never a bare path: Hadoop resolves a bare path against
 `fs.defaultFS`, which a cluster's configuration usually points at HDFS, so `/var/lib/fxgate/tables`
@@ -33,6 +37,10 @@ _LOCAL_HOSTS = frozenset({"", "localhost"})
 OBJECT_STORES = {"az": "Azure", "abfs": "Azure", "abfss": "Azure", "s3": "S3"}
 
 Location = Path | str
+
+# The prefixes of the environment variables object stores take their settings from (delta-rs,
+# obstore and the readers read them): what a store credentials file may set.
+STORE_VARIABLES = ("AZURE_", "AZURITE_", "AWS_", "GOOGLE_")
 
 
 def parse_location(text: str) -> Location:
@@ -124,3 +132,37 @@ def spark_uri(location: Location) -> str:
         return str(location).rstrip("/")
     # Not Path.as_uri(): that percent-encodes, and Hadoop would take '%20' literally.
     return "file://" + str(local.absolute())
+
+
+def read_store_credentials(path: str) -> dict[str, str]:
+    """The variables in the store credentials file at `path`: `NAME=value` lines (`#` comments,
+    quoted values, `export` allowed, as in a systemd EnvironmentFile), every name a store's
+    (`STORE_VARIABLES`). Raises OSError, or ValueError naming what is wrong and never a value."""
+    from dotenv import dotenv_values
+
+    with open(path, encoding="utf-8") as stream:
+        try:
+            values = dotenv_values(stream=stream, interpolate=False)
+        except UnicodeDecodeError:
+            raise ValueError("the file is not UTF-8 text") from None
+    if not values:
+        raise ValueError("the file sets no variable (it holds NAME=value lines)")
+    foreign = sorted(name for name in values if not name.startswith(STORE_VARIABLES))
+    if foreign:
+        raise ValueError(
+            f"{', '.join(foreign)}: not a store's variable (the file holds only variables "
+            f"starting with {', '.join(STORE_VARIABLES)})"
+        )
+    empty = sorted(name for name, value in values.items() if not value)
+    if empty:
+        raise ValueError(f"{', '.join(empty)}: no value (write NAME=value)")
+    return {name: value for name, value in values.items() if value}
+
+
+def apply_store_credentials(path: str, environ=os.environ) -> list[str]:
+    """Set the variables of the store credentials file at `path` in `environ` (over any of the
+    same names); their names, sorted. Call it once as a process starts, before it starts a
+    thread or a child: the native libraries read the environment from their own threads."""
+    values = read_store_credentials(path)
+    environ.update(values)
+    return sorted(values)

@@ -66,7 +66,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from spark.location import Location, delta_location, local_path, object_store, spark_uri
+from spark.location import (
+    STORE_VARIABLES,
+    Location,
+    delta_location,
+    local_path,
+    object_store,
+    spark_uri,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -562,15 +569,12 @@ def _store_key(table_uri: str) -> tuple[str, tuple[tuple[str, str], ...]]:
     say which account, endpoint and credentials it uses; a test points them elsewhere)."""
     variables = tuple(
         sorted(
-            (name, value) for name, value in os.environ.items() if name.startswith(_STORE_VARIABLES)
+            (name, value) for name, value in os.environ.items() if name.startswith(STORE_VARIABLES)
         )
     )
     return table_uri, variables
 
 
-# The environment variables object stores take their settings from (delta-rs and obstore read
-# the same ones: Rust's object_store).
-_STORE_VARIABLES = ("AZURE_", "AZURITE_", "AWS_", "GOOGLE_")
 _CLIENTS: dict[tuple, object] = {}
 
 

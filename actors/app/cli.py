@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -11,14 +12,22 @@ import click
 
 from actors.app.command_session import command_session
 from actors.config.schema import Config, ConfigError, load_config
+from spark.location import apply_store_credentials
 
 log = logging.getLogger(__name__)
 
 
 def _load(config_path: Path | None, connecting: bool = False) -> Config:
-    """The configuration, or exit 2 listing every error. Only `run` connects to the brokers
-    (`connecting`): the other commands read the data directory, and production mode does not ask
-    them for the password variables."""
+    """The configuration, or exit 2 listing every error, with the store credentials file (if
+    any) set in the environment. Only `run` connects to the brokers (`connecting`): the other
+    commands read the data directory, and production mode does not ask them for the password
+    variables."""
+    config = _validated(config_path, connecting)
+    _apply_store_credentials(config)
+    return config
+
+
+def _validated(config_path: Path | None, connecting: bool) -> Config:
     try:
         return load_config(config_path, connecting=connecting)
     except ConfigError as error:
@@ -26,6 +35,21 @@ def _load(config_path: Path | None, connecting: bool = False) -> Config:
         for line in error.errors:
             click.echo(f"  {line}", err=True)
         sys.exit(2)
+
+
+def _apply_store_credentials(config: Config) -> None:
+    """Set `spark.store_credentials_file`'s variables in this process's environment. Call it
+    before the command starts a thread, a JVM or a worker: they all read the environment."""
+    credentials = config.spark.store_credentials_file
+    if credentials is None:
+        return
+    path = os.path.abspath(os.path.expanduser(credentials))
+    try:
+        names = apply_store_credentials(path)
+    except (OSError, ValueError) as error:  # changed since load_config read it
+        click.echo(f"fxgate: spark.store_credentials_file: {path}: {error}", err=True)
+        sys.exit(2)
+    log.info("store credentials: %s from %s", ", ".join(names), path)
 
 
 class _SparkFailed(Exception):
@@ -90,8 +114,9 @@ def run(config_path: Path | None) -> None:
     from actors.app.daemon import run as run_daemon
     from actors.crashpoints import CrashPointError, arm_from_environ
 
-    config = _load(config_path, connecting=True)
+    config = _validated(config_path, connecting=True)
     configure_logging(config.gateway.log_level)
+    _apply_store_credentials(config)
     try:
         arm_from_environ()
     except CrashPointError as error:

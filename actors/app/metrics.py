@@ -197,7 +197,7 @@ def _storage_reasons(snapshot: dict, limits: HealthThresholds) -> list[str]:
             "" if retry is None or wall is None else f", next retry in {max(retry - wall, 0):.0f} s"
         )
         reasons.append(
-            f"Spark writes failing: {spark['failures']} attempt(s) in a row "
+            f"table writes failing: {spark['failures']} attempt(s) in a row "
             f"(limit {limits.spark_failures}), last error: {spark.get('last_error') or '-'}{due}"
         )
     return reasons

@@ -19,8 +19,8 @@ them).
 Secrets never live in the model: `source.password_env` and `upstream.password_env` hold the *name*
 of a variable, read by `password()` at connect time; `password_file` the path of a file the
 connection reads at each connect. The files that TLS and `password_file` name are the one thing
-`load_config` reads besides the TOML: each must be readable (and the TLS material loadable) at
-start, or the error names its key.
+`load_config` reads besides the TOML, with `spark.store_credentials_file`: each must be readable
+(and the TLS material loadable) at start, or the error names its key.
 """
 
 from __future__ import annotations
@@ -61,7 +61,13 @@ from actors.config.routes import (
     check_target,
     render_target,
 )
-from spark.location import is_local_master, local_path, object_store, parse_location
+from spark.location import (
+    is_local_master,
+    local_path,
+    object_store,
+    parse_location,
+    read_store_credentials,
+)
 from spark.topics import check_topic_filter, topic_matches
 
 logger = logging.getLogger(__name__)
@@ -682,6 +688,14 @@ class SparkConfig(_Section):
     object-store tables), Spark from `[spark.conf]` or the environment. The members of a
     `source.shared_subscription_group` share one: the group's tables, on this machine's disk or
     an object store every member reaches (landed by delta-rs in the daemon)."""
+    store_credentials_file: NonEmptyStr | None = None
+    """With `tables_dir` on an object store: a file of the store's variables, one `NAME=value` a
+    line as in a systemd `EnvironmentFile` (e.g. `AZURE_STORAGE_ACCOUNT_NAME` and
+    `AZURE_STORAGE_SAS_TOKEN`, or `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
+    `AWS_REGION`), names starting with `AZURE_`, `AWS_` or `GOOGLE_` only. Each fxgate command
+    reads it when it starts and sets them over the environment's; the log names the variables,
+    never their values. Restart the daemon after changing it. In production mode the file must
+    be private to the daemon's user (chmod 600). Unset: the environment's variables alone."""
     # A Spark job costs ~0.1 s fixed with landing = "spark", hence tens of packs per commit (§4).
     batch_max_rows: int = Field(20000, ge=1)
     """Rows are appended in one Delta commit per table per batch, written when this many rows
@@ -1000,7 +1014,8 @@ class Config(BaseModel):
             f"tables {self.tables_path} shared by the members of group {self.group_tables}: each "
             "batch an insert-if-absent merge, maintenance claimed, no writer lock"
             if self.group_tables
-            else f"tables {self.tables_path} this gateway's alone: plain appends, writer lock",
+            else f"tables {self.tables_path} this gateway's alone: plain appends, "
+            + ("writer lock" if local_path(self.tables_path) is not None else "no writer lock"),
         ]
         return lines
 
@@ -1051,7 +1066,7 @@ def _metrics(gateway: GatewayConfig) -> str:
         f"{gateway.health_connection_down_seconds:g} s, status older than "
         f"{gateway.health_status_stale_seconds:g} s, writer stalled > "
         f"{gateway.health_writer_stalled_seconds:g} s, {gateway.health_spark_failures} failed "
-        "Spark attempts in a row)"
+        "table write attempts in a row)"
     )
 
 
@@ -1179,11 +1194,40 @@ def load_config(
     spark = sections.get("spark")
     if isinstance(source, SourceConfig) and isinstance(spark, SparkConfig):
         errors.extend(_group_errors(source, spark))
+    if isinstance(spark, SparkConfig) and isinstance(gateway, GatewayConfig):
+        errors.extend(_store_credentials_errors(spark, gateway.mode == "production"))
 
     if errors or identity is None:
         raise ConfigError(errors)
     sections.setdefault("upstream", None)
     return Config(**sections, routes=routes, identity=identity)
+
+
+def _store_credentials_errors(spark: SparkConfig, production: bool) -> list[str]:
+    """`spark.store_credentials_file`: only for an object store's tables, readable, store
+    variables only, private in production mode. It reads the file, never showing a value."""
+    if spark.store_credentials_file is None:
+        return []
+    key = "spark.store_credentials_file"
+    if object_store(spark.tables_path(Path())) is None:
+        return [
+            f"{key}: set, but spark.tables_dir is not on an object store (az://, abfss://, "
+            "s3://), so nothing would read it (remove the key, or give the store's URI)"
+        ]
+    path = os.path.abspath(os.path.expanduser(spark.store_credentials_file))
+    try:
+        read_store_credentials(path)
+    except OSError as error:
+        return [f"{key}: {path}: {_os_problem(error)}"]
+    except ValueError as error:
+        return [f"{key}: {path}: {error}"]
+    mode = _group_or_world_mode(path)
+    if production and mode is not None:
+        return [
+            f"{key}: {path} is accessible by group or others (mode {mode:04o}); make it private "
+            "to the daemon's user (chmod 600), required in production mode"
+        ]
+    return []
 
 
 def _group_errors(source: SourceConfig, spark: SparkConfig) -> list[str]:

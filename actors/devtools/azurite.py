@@ -8,7 +8,7 @@ whose key Microsoft publishes with the emulator.
 
 `environment()` is what a process needs to reach it the way an operator reaches Azure: the
 storage account variables, with delta-rs told to use the emulator at this port. Azure's tools
-make a container before anything is stored in it, and so does `create_container` here (pyarrow's
+make a container before anything is stored in it, and so does `create_root` here (pyarrow's
 Azure file system: delta-rs and obstore store into a container, and make none).
 """
 
@@ -70,7 +70,7 @@ class AzuriteProcess(BrokerProcess):
             "--silent",
         ]
 
-    def create_container(self, name: str) -> str:
+    def create_root(self, name: str) -> str:
         """Make container `name` (if missing); its `az://` URI."""
         from pyarrow.fs import AzureFileSystem
 

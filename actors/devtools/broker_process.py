@@ -55,6 +55,10 @@ class BrokerProcess:
     def argv(self) -> list[str]:
         raise NotImplementedError
 
+    def child_environment(self) -> dict[str, str] | None:
+        """The broker's environment; None: this process's."""
+        return None
+
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
@@ -75,6 +79,7 @@ class BrokerProcess:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=self.child_environment(),
             text=True,
             errors="backslashreplace",
         )

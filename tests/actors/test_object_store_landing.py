@@ -1,27 +1,31 @@
-"""`fxgate run` landing into tables on an object store (issue 35): an Azurite (tests/harness/
-azurite.py) reached as Azure is, the storage account variables in the daemons' environment and
-`[spark] tables_dir = "az://fxgate/env-a"`; no JVM.
+"""`fxgate run` landing into tables on an object store (issue 35), with no JVM: an Azurite
+(tests/harness/azurite.py) reached as Azure is, the storage account variables in the daemons'
+environment and `[spark] tables_dir = "az://fxgate/env-a"`; and, for the SIGKILLs test, a
+SeaweedFS S3 gateway (tests/harness/seaweedfs.py) reached as S3 is, with `s3://fxgate/env-a`.
 
 Through SIGKILLs of the daemon and a restart of the store while reads flow, and maintenance
 passes on the daemon's schedule among them, the table holds every read the publishers got
 acknowledged exactly once; readers in other processes (delta-rs, Polars, DuckDB), reading all
-along, never see a read twice. The same for two members of one shared group on the one table there.
-FXGATE_OBJECT_STORE_SEED replays the random moments (the seed is printed).
+along, never see a read twice. The same for two members of one shared group on the one table
+there. A store outage of a minute at the source broker's shipped queue limits, and a store that
+refuses the credentials of `[spark] store_credentials_file` (403), are waited out with the reads
+held in the ledger. FXGATE_OBJECT_STORE_SEED replays the random moments (the seed is printed).
 """
 
 from __future__ import annotations
 
+import base64
 import os
 import random
 import time
 
 import pytest
 
-from actors.devtools.simulate import expected_read_ids
+from actors.devtools.simulate import expected_read_ids, simulate
 from spark.report import compare, landed_ids_arrow
 from spark.tables import READS, table_path
 from tests.actors.test_several_gateways import Publishing, member_env, shares
-from tests.harness.checks import wait_until_landed, wait_until_landed_union
+from tests.harness.checks import wait_until, wait_until_landed, wait_until_landed_union
 from tests.harness.daemon import gateway_env
 from tests.harness.delta_readers import delta_readers
 
@@ -68,15 +72,16 @@ def check_readers(readers) -> int:
 @pytest.mark.broker
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_daemon_lands_into_azure_through_sigkills_and_a_store_restart_each_read_once(
-    mosquitto, azurite, daemon_factory, tmp_path
+def test_the_daemon_lands_into_the_store_through_sigkills_and_its_restart_each_read_once(
+    mosquitto, object_store_process, daemon_factory, tmp_path
 ):
+    store = object_store_process
     rng = random.Random(SEED)
     total = 2 * READERS * MESSAGES_PER_READER
     kill_at = sorted(rng.sample(range(total // 10, total * 8 // 10), 2))
     restart_at = rng.randrange(total // 5, total * 7 // 10)
-    print(f"object-store seed {SEED}: SIGKILL at {kill_at}, Azurite restart at {restart_at}")
-    tables = azurite.create_container("fxgate") + "/env-a"
+    print(f"object-store seed {SEED}: SIGKILL at {kill_at}, store restart at {restart_at}")
+    tables = store.create_root("fxgate") + "/env-a"
     data = tmp_path / "gw"
     env = {**gateway_env(mosquitto, data), "FXGATE__SPARK__TABLES_DIR": tables, **MAINTENANCE}
 
@@ -96,9 +101,9 @@ def test_the_daemon_lands_into_azure_through_sigkills_and_a_store_restart_each_r
                 # The ledger holds the reads while the store is away; the writer's backoff
                 # lands them once it is back, with the same batch ids.
                 mark = daemon.mark()
-                azurite.stop()
+                store.stop()
                 daemon.wait_for_log(r"batch \d+: table write failed", timeout=120, after=mark)
-                azurite.start()
+                store.start()
         results = publishing.join(timeout=300)
         assert sum(result.failed for result in results) == 0
         expected = expected_read_ids(record for result in results for record in result.published)
@@ -130,7 +135,7 @@ def test_two_members_of_a_group_land_into_one_azure_table_through_sigkills_each_
     kill_at = sorted(rng.sample(range(total // 10, total * 8 // 10), 3))
     victims = [rng.choice(("a1", "a2")) for _ in kill_at]
     print(f"object-store group seed {SEED}: SIGKILL {list(zip(victims, kill_at, strict=True))}")
-    tables = azurite.create_container("fxgate") + "/env-a"
+    tables = azurite.create_root("fxgate") + "/env-a"
     envs = {
         name: {
             **member_env(mosquitto, tmp_path / name, "env-a", name),
@@ -179,7 +184,6 @@ def test_a_store_outage_at_the_shipped_queue_limits_loses_nothing_and_lands_the_
     from actors.clock import RealClock
     from actors.config.schema import load_config
     from actors.devtools.mosquitto import SHIPPED_LIMITS
-    from actors.devtools.simulate import simulate
     from actors.supervisor import Supervisor
     from tests.actors.test_ledger_is_the_buffer import (
         DROPPED,
@@ -187,12 +191,11 @@ def test_a_store_outage_at_the_shipped_queue_limits_loses_nothing_and_lands_the_
         assert_upstream_got_each_once_in_order,
     )
     from tests.actors.test_outbound import forwarding_environ
-    from tests.harness.checks import wait_until
     from tests.harness.mqtt import Collector
 
     source = mosquitto_factory(**SHIPPED_LIMITS)
     upstream = mosquitto_factory()
-    tables = azurite.create_container("fxgate") + "/env-a"
+    tables = azurite.create_root("fxgate") + "/env-a"
     environ = forwarding_environ(
         source, upstream, tmp_path / "data", 1, FXGATE__SPARK__TABLES_DIR=tables
     )
@@ -234,5 +237,67 @@ def test_a_store_outage_at_the_shipped_queue_limits_loses_nothing_and_lands_the_
         cloud.close()
         supervisor.stop()
         clock.close()
+    landed = compare(expected_read_ids(published.published), landed_ids_arrow(tables)[0])
+    assert landed.exact, landed.lines()
+
+
+@pytest.mark.broker
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_store_refusing_the_credentials_file_is_waited_out_and_the_corrected_file_lands_once(
+    mosquitto, azurite, daemon_factory, tmp_path, monkeypatch
+):
+    """The daemon takes its store credentials from `[spark] store_credentials_file` alone. With
+    a wrong key Azure (Azurite checks the signature as Azure does) answers 403 to every write:
+    the reads are acknowledged and held in the ledger, /healthz says the writes fail, and
+    neither key is ever logged. With the file corrected and the daemon restarted, every read
+    lands once."""
+    from tests.actors.app.test_metrics import free_port, get
+    from tests.actors.test_ledger_is_the_buffer import json_reasons
+
+    tables = azurite.create_root("fxgate") + "/env-a"
+    right = azurite.environment()
+    wrong_key = base64.b64encode(b"not the account's key, 64 bytes long like Azure's keys......")
+    wrong = {**right, "AZURE_STORAGE_ACCOUNT_KEY": wrong_key.decode()}
+    for name in right:  # the daemons reach the store through the file alone
+        monkeypatch.delenv(name)
+    credentials = tmp_path / "store.env"
+    credentials.write_text("".join(f"{name}={value}\n" for name, value in wrong.items()))
+    credentials.chmod(0o600)
+    port = free_port()
+    env = {
+        **gateway_env(mosquitto, tmp_path / "gw"),
+        "FXGATE__SPARK__TABLES_DIR": tables,
+        "FXGATE__SPARK__STORE_CREDENTIALS_FILE": str(credentials),
+        "FXGATE__GATEWAY__METRICS_PORT": str(port),
+    }
+    daemon = daemon_factory(env)
+    daemon.wait_for_log(r"source: subscribed to ", timeout=120)
+    published = simulate(mosquitto.host, mosquitto.port, readers=2, rate=0, count=300, qos=1)
+    assert published.failed == 0 and len(published.published) == 600
+    daemon.wait_for_log(r"batch \d+: table write failed \(attempt 3\)", timeout=120)
+
+    def refused() -> bool:
+        status, body = get(f"http://127.0.0.1:{port}/healthz")
+        return status == 503 and any("writes failing" in r for r in json_reasons(body))
+
+    assert wait_until(refused, 30), get(f"http://127.0.0.1:{port}/healthz")
+    assert daemon.terminate() == 0, daemon.output()
+    refusals = daemon.output()
+    assert "store credentials: AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_ACCOUNT_NAME, " in refusals
+    # Azure's 403, as object_store words it.
+    assert (
+        "table write failed (attempt 1): Kernel error -> The operation lacked the necessary "
+        "privileges" in refusals
+    )
+
+    credentials.write_text("".join(f"{name}={value}\n" for name, value in right.items()))
+    daemon = daemon_factory(env)  # its environment taken: this process's reads the store now
+    for name, value in right.items():
+        monkeypatch.setenv(name, value)
+    wait_until_landed(daemon, tmp_path / "gw", 600, timeout=180, tables=tables)
+    assert daemon.terminate() == 0, daemon.output()
+    for key in (wrong["AZURE_STORAGE_ACCOUNT_KEY"], right["AZURE_STORAGE_ACCOUNT_KEY"]):
+        assert key not in refusals + daemon.output()
     landed = compare(expected_read_ids(published.published), landed_ids_arrow(tables)[0])
     assert landed.exact, landed.lines()

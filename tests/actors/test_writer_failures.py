@@ -241,7 +241,7 @@ def test_healthz_turns_bad_after_the_spark_failure_threshold_and_good_after_reco
     health = board.health()
     assert not health.healthy
     (reason,) = health.reasons
-    assert "Spark writes failing: 3 attempt(s) in a row" in reason
+    assert "table writes failing: 3 attempt(s) in a row" in reason
     assert "Lost executor" in reason and "next retry in 4 s" in reason
     publish(0)
     assert board.health().healthy

@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import psutil
 
@@ -105,8 +106,10 @@ def duckdb_connection():
     """An in-memory DuckDB connection with the delta extension loaded from its installed file;
     autoinstall and autoload are off, so DuckDB never reaches for the network. Where the
     environment names an Azure storage account (`AZURE_STORAGE_ACCOUNT_NAME`), the azure
-    extension (PyPI's `duckdb-ext-azure`) is loaded too, with a secret of that account, as a
-    DuckDB user reads tables there (docs: object-store tables)."""
+    extension (PyPI's `duckdb-ext-azure`) is loaded too, with a secret of that account; where it
+    names an AWS access key (`AWS_ACCESS_KEY_ID`), the httpfs extension with an S3 secret of that
+    key (and of `AWS_ENDPOINT_URL`'s server, when one is named): as a DuckDB user reads tables
+    there (docs: object-store tables)."""
     import duckdb
 
     path = duckdb_extension_path()
@@ -122,6 +125,19 @@ def duckdb_connection():
         if emulator := os.environ.get("AZURITE_BLOB_STORAGE_URL"):
             parts += ["DefaultEndpointsProtocol=http", f"BlobEndpoint={emulator}/{account}"]
         connection.execute("CREATE SECRET (TYPE azure, CONNECTION_STRING ?)", [";".join(parts)])
+    if key_id := os.environ.get("AWS_ACCESS_KEY_ID"):
+        connection.execute(f"LOAD '{path.with_name('httpfs.duckdb_extension')}'")
+        options = {
+            "KEY_ID": key_id,
+            "SECRET": os.environ.get("AWS_SECRET_ACCESS_KEY", ""),
+            "REGION": os.environ.get("AWS_REGION", "us-east-1"),
+        }
+        if endpoint := os.environ.get("AWS_ENDPOINT_URL"):
+            parts = urlsplit(endpoint)
+            options |= {"ENDPOINT": parts.netloc, "URL_STYLE": "path"}
+            options["USE_SSL"] = parts.scheme == "https"
+        listed = ", ".join(f"{name} ?" for name in options)
+        connection.execute(f"CREATE SECRET (TYPE s3, {listed})", list(options.values()))
     connection.execute(f"LOAD '{path}'")
     return connection
 

@@ -1,6 +1,9 @@
-"""Delta tables on an object store (issue 35), landed by delta-rs in this process, against a real
-Azurite (the Azure Storage emulator, tests/harness/azurite.py) reached as Azure is reached: the
-storage account variables in the environment, an `az://container/path` tables location.
+"""Delta tables on an object store (issue 35), landed by delta-rs in this process, each test once
+on Azure and once on S3: a real Azurite (the Azure Storage emulator, tests/harness/azurite.py)
+reached as Azure is, the storage account variables in the environment and an
+`az://container/path` tables location; a real SeaweedFS S3 gateway (tests/harness/seaweedfs.py)
+reached as S3 is, the AWS variables and an `s3://bucket/path` location. Both have the conditional
+writes delta-rs commits with.
 
 What the local tables' tests show holds on the store too, and is shown here with the store's own
 faults: each batch once through its transaction id and its replay; a kill between the files and
@@ -55,9 +58,15 @@ def kill_at(point: str):
 
 
 @pytest.fixture
-def tables(azurite) -> str:
-    """An environment's tables directory in a fresh container of the test's own Azurite."""
-    return azurite.create_container("fxgate") + "/env-a"
+def store(object_store_process):
+    """The test's own store: an Azurite, then a SeaweedFS."""
+    return object_store_process
+
+
+@pytest.fixture
+def tables(store) -> str:
+    """An environment's tables directory in a fresh container (bucket) of the test's store."""
+    return store.create_root("fxgate") + "/env-a"
 
 
 def data_blobs(tables: str, name: str = READS) -> list[str]:
@@ -101,7 +110,7 @@ def test_an_object_store_location_is_landed_by_delta_rs_and_refuses_credentials_
         parse_location("az:///env-a")
 
 
-def test_batches_land_once_on_azure_and_a_replay_is_skipped(tables, tmp_path):
+def test_batches_land_once_on_the_store_and_a_replay_is_skipped(tables, tmp_path):
     writer = ArrowTableWriter(None, tables, APP)
     assert not is_delta_table(table_path(tables, READS))
     assert writer.write_batch(1, {READS: reads(range(10))}) == {READS: 10}
@@ -118,7 +127,7 @@ def test_batches_land_once_on_azure_and_a_replay_is_skipped(tables, tmp_path):
         assert once(record) == 20, (engine, record)
 
 
-def test_a_kill_between_the_blobs_and_the_commit_leaves_blobs_no_snapshot_lists(azurite, tables):
+def test_a_kill_between_the_blobs_and_the_commit_leaves_blobs_no_snapshot_lists(tables):
     ArrowTableWriter(None, tables, APP).write_batch(1, {READS: reads(range(10))})
     killed = ArrowTableWriter(None, tables, APP, checkpoint=kill_at(LANDED_NOT_COMMITTED))
     with pytest.raises(Killed):
@@ -130,19 +139,19 @@ def test_a_kill_between_the_blobs_and_the_commit_leaves_blobs_no_snapshot_lists(
     assert sorted(ids_of(read_table_arrow(tables, READS))) == sorted(ids_of(reads(range(20))))
 
 
-def test_a_store_that_is_down_fails_the_write_and_the_same_batch_lands_once_after(azurite, tables):
+def test_a_store_that_is_down_fails_the_write_and_the_same_batch_lands_once_after(store, tables):
     writer = ArrowTableWriter(None, tables, APP)
     writer.write_batch(1, {READS: reads(range(10))})
-    azurite.stop()
+    store.stop()
     with pytest.raises(OSError):
         writer.write_batch(2, {READS: reads(range(10, 20))})
-    azurite.start()
+    store.start()
     assert writer.write_batch(2, {READS: reads(range(10, 20))}) == {READS: 10}
     writer.write_batch(2, {READS: reads(range(10, 20))})  # a retry after all: skipped
     assert sorted(ids_of(read_table_arrow(tables, READS))) == sorted(ids_of(reads(range(20))))
 
 
-def test_two_members_racing_on_azure_land_each_read_once_and_the_loser_merges_again(
+def test_two_members_racing_on_the_store_land_each_read_once_and_the_loser_merges_again(
     tables, tmp_path
 ):
     b = member(tables, APP_B, "fxgate-env-a-a2")
@@ -151,7 +160,7 @@ def test_two_members_racing_on_azure_land_each_read_once_and_the_loser_merges_ag
     a.write_batch(1, {READS: reads(range(10))})
     race.arm(lambda: b.write_batch(1, {READS: reads(range(15, 25))}))
     # a1 has read the table's snapshot when a2 commits 15..24 on the store: a1's commit of
-    # 10..19 fails Azure's conditional create, and its merge again skips 15..19.
+    # 10..19 fails the store's conditional create, and its merge again skips 15..19.
     a.write_batch(2, {READS: reads(range(10, 20))})
     assert race.action is None
     assert a.take_merge_counts() == (1, 5)
@@ -162,8 +171,8 @@ def test_two_members_racing_on_azure_land_each_read_once_and_the_loser_merges_ag
         assert once(record) == 25, (engine, record)
 
 
-def test_a_claimed_optimize_and_a_vacuum_on_azure_beside_a_landing_member_keep_each_read_once(
-    azurite, tables, tmp_path
+def test_a_claimed_optimize_and_a_vacuum_on_the_store_beside_a_landing_member_keep_each_read_once(
+    tables, tmp_path
 ):
     a = member(tables, APP_A, "fxgate-env-a-a1")
     b = member(tables, APP_B, "fxgate-env-a-a2")

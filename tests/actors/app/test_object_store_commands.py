@@ -25,7 +25,7 @@ APP = application_id("object-store-commands")
 
 @pytest.fixture
 def tables(azurite) -> str:
-    return azurite.create_container("fxgate") + "/env-a"
+    return azurite.create_root("fxgate") + "/env-a"
 
 
 def run(tmp_path, tables: str, *args: str):

@@ -81,7 +81,7 @@ def test_operator_settings_have_defaults_parse_from_the_environment_and_are_summ
     assert "stop timeout 15 s" in summary
     assert "metrics on http://127.0.0.1:9108/metrics" in summary
     assert "connection down > 5 s" in summary
-    assert "7 failed Spark attempts in a row" in summary
+    assert "7 failed table write attempts in a row" in summary
     assert HealthThresholds.from_config(config.gateway).spark_failures == 7
     assert HealthThresholds.from_config(default.gateway).spark_failures == 3
 

@@ -98,11 +98,13 @@ def test_gateway_toml_uncommented_enables_forwarding_and_spells_out_every_option
     (route,) = written["routes"]
     assert set(route) == {"source", "target", "qos", "persist"}
     # Keys naming files are checked at load and their example paths do not exist here (and
-    # password_file excludes password_env); they are tested in tests/actors/test_tls.py.
+    # password_file excludes password_env); they are tested in tests/actors/test_tls.py and
+    # (store_credentials_file) below.
     # high_watermark is no longer used: written down only to say so (its warning is tested in
     # test_the_old_tier2_high_watermark_still_loads_and_warns_that_it_is_unused).
     uncommented = re.sub(
-        r"^(password_file|tls_ca_file|tls_cert_file|tls_key_file|high_watermark) = .*$",
+        r"^(password_file|store_credentials_file|tls_ca_file|tls_cert_file|tls_key_file"
+        r"|high_watermark) = .*$",
         "",
         uncommented,
         flags=re.MULTILINE,
@@ -509,6 +511,60 @@ def test_a_shared_group_lands_through_delta_rs_and_a_spark_landing_is_refused_sa
         )
         assert config.spark.lands_with_arrow
         assert config.group_tables == "fxgate-local-gw-01"
+
+
+def test_a_store_credentials_file_is_checked_at_load_and_never_shown(tmp_path):
+    secret = "c2VjcmV0LWtleQ=="
+    credentials = tmp_path / "store.env"
+    credentials.write_text(
+        "# the account of env-a\n"
+        "AZURE_STORAGE_ACCOUNT_NAME=fxgateprod\n"
+        f'export AZURE_STORAGE_ACCOUNT_KEY="{secret}"\n'
+    )
+    store = {
+        "FXGATE__SPARK__TABLES_DIR": "az://fxgate/env-a",
+        "FXGATE__SPARK__STORE_CREDENTIALS_FILE": str(credentials),
+    }
+    assert load(environ=store).spark.store_credentials_file == str(credentials)
+
+    # Not beside a local tables_dir, where nothing would read it.
+    (error,) = errors_of(environ={"FXGATE__SPARK__STORE_CREDENTIALS_FILE": str(credentials)})
+    assert error.startswith("spark.store_credentials_file: set, but spark.tables_dir is not on")
+
+    credentials.write_text(
+        f"AZURE_STORAGE_ACCOUNT_KEY={secret}\nMQTT_PASSWORD={secret}\nAWS_REGION=\n"
+    )
+    (error,) = errors_of(environ=store)
+    assert error == (
+        f"spark.store_credentials_file: {credentials}: MQTT_PASSWORD: not a store's variable "
+        "(the file holds only variables starting with AZURE_, AZURITE_, AWS_, GOOGLE_)"
+    )
+    credentials.write_text(f"AZURE_STORAGE_ACCOUNT_KEY={secret}\nAWS_REGION=\n")
+    (error,) = errors_of(environ=store)
+    assert error.endswith("AWS_REGION: no value (write NAME=value)")
+    assert secret not in error
+
+    credentials.unlink()
+    (error,) = errors_of(environ=store)
+    assert error.startswith(f"spark.store_credentials_file: {credentials}: ")
+
+
+def test_production_mode_wants_the_store_credentials_file_private(tmp_path):
+    credentials = tmp_path / "store.env"
+    credentials.write_text("AWS_ACCESS_KEY_ID=AKIAEXAMPLE\nAWS_SECRET_ACCESS_KEY=x\n")
+    credentials.chmod(0o640)
+    environ = {
+        **PRODUCTION_PASSWORDS,
+        "MQTT_ENVIRONMENT_ID": "plant-9",
+        "FXGATE__SPARK__TABLES_DIR": "s3://bucket/env-a",
+        "FXGATE__SPARK__STORE_CREDENTIALS_FILE": str(credentials),
+    }
+    errors = errors_of(CONFIGS / "production.example.toml", environ)
+    assert f"spark.store_credentials_file: {credentials} is accessible by group or others " in (
+        "\n".join(errors)
+    )
+    credentials.chmod(0o600)
+    assert load(CONFIGS / "production.example.toml", environ).gateway.mode == "production"
 
 
 # --- forwarding: upstream, routes, buffer -----------------------------------------------------
