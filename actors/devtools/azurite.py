@@ -85,13 +85,13 @@ class AzuriteProcess(BrokerProcess):
         files.create_dir(name)
         return f"az://{name}"
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, port: int | None = None) -> dict[str, str]:
         """The variables a process sets to reach this Azurite as it would reach Azure with an
         account key (delta-rs reads them; `AZURITE_BLOB_STORAGE_URL` points its emulator mode
-        at this port instead of 10000)."""
+        at this port instead of 10000, or at `port`, a proxy's in front of it)."""
         return {
             "AZURE_STORAGE_ACCOUNT_NAME": ACCOUNT,
             "AZURE_STORAGE_ACCOUNT_KEY": ACCOUNT_KEY,
             "AZURE_STORAGE_USE_EMULATOR": "true",
-            "AZURITE_BLOB_STORAGE_URL": f"http://{self.host}:{self.port}",
+            "AZURITE_BLOB_STORAGE_URL": f"http://{self.host}:{port or self.port}",
         }

@@ -104,13 +104,14 @@ class SeaweedFSProcess(BrokerProcess):
         files.create_dir(name)
         return f"s3://{name}"
 
-    def environment(self) -> dict[str, str]:
+    def environment(self, port: int | None = None) -> dict[str, str]:
         """The variables a process sets to reach this store as it would reach S3 with an access
-        key (delta-rs, obstore and the readers read them)."""
+        key (delta-rs, obstore and the readers read them); at `port`, a proxy's in front of it,
+        if given."""
         return {
             "AWS_ACCESS_KEY_ID": ACCESS_KEY,
             "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
             "AWS_REGION": REGION,
-            "AWS_ENDPOINT_URL": self.url,
+            "AWS_ENDPOINT_URL": f"http://{self.host}:{port or self.port}",
             "AWS_ALLOW_HTTP": "true",
         }

@@ -232,6 +232,7 @@ class _Pair:
         self.doomed = False  # set by cut()/close(): the pump resets both sides and ends
         self.closing = False  # a side closed and the close was passed on; no longer active
         self.closing_since = 0.0
+        self.losing = False  # lose_reply_to() chose this pair: what the target answers is dropped
         self.outbox = {client: bytearray(), upstream: bytearray()}  # bytes to write to that side
         self.ended: set[socket.socket] = set()  # sides that sent EOF or failed
         self.thread: threading.Thread | None = None
@@ -269,6 +270,8 @@ class FaultProxy:
         self._mode = _Mode.FORWARD
         self._refusing = False
         self._closed = False
+        self._lose_reply_to: tuple[bytes, ...] | None = None
+        self._replies_lost = 0
         self._live: set[_Pair] = set()
         self._pumps: list[threading.Thread] = []
         self._accepted = 0
@@ -377,6 +380,20 @@ class FaultProxy:
         A side that closes meanwhile is not passed on until resume(); cut() resets both sides.
         """
         self._set_mode(_Mode.HALF_OPEN)
+
+    def lose_reply_to(self, *words: bytes) -> None:
+        """Lose the reply to the next request whose first line holds every one of `words`
+        (e.g. b"PUT ", b"/_delta_log/"): it reaches the target, which does it, and nothing it
+        answers on that connection reaches the client. Once; for HTTP/1.1, where a client sends
+        a request only after the previous reply, so each request starts a read of its own."""
+        with self._cond:
+            self._lose_reply_to = words
+            self._cond.notify_all()
+
+    def wait_for_lost_reply(self, timeout: float) -> bool:
+        """Wait until lose_reply_to() has lost a reply."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._replies_lost > 0, timeout)
 
     def resume(self) -> None:
         """End stall() or half_open(): held bytes go out first, in the order they arrived."""
@@ -565,7 +582,20 @@ class FaultProxy:
         # The mode is read after the bytes arrived, so bytes sent after stall() or half_open()
         # returned always obey it.
         with self._cond:
-            if self._mode is not _Mode.HALF_OPEN:
+            words = self._lose_reply_to
+            if words is not None and sock is pair.client:
+                first_line = data.split(b"\r\n", 1)[0]
+                if all(word in first_line for word in words):
+                    pair.losing = True
+                    self._lose_reply_to = None
+                    log.info(
+                        "fault proxy on port %d: losing the reply to %r", self.port, first_line
+                    )
+            lost = sock is pair.upstream and pair.losing
+            if lost:
+                self._replies_lost += 1
+                self._cond.notify_all()
+            if self._mode is not _Mode.HALF_OPEN and not lost:
                 pair.outbox[pair.peer(sock)] += data
 
     def _deliver(self, pair: _Pair) -> bool:
@@ -576,7 +606,7 @@ class FaultProxy:
         with self._cond:
             if pair.doomed:
                 return False
-            if self._mode is not _Mode.FORWARD:
+            if self._mode in (_Mode.STALL, _Mode.HALF_OPEN):
                 return True
             for sock, pending in pair.outbox.items():
                 if not pending:

@@ -43,5 +43,5 @@ STORES = ("azurite", "seaweedfs")
 @pytest.fixture(params=STORES)
 def object_store_process(request):
     """Each object store in turn (a test taking it runs once on each), started as its own
-    fixture; both have `create_root`, `stop`, `start` and `environment`."""
+    fixture; both have `kind`, `create_root`, `stop`, `start` and `environment`."""
     return request.getfixturevalue(request.param)

@@ -261,6 +261,20 @@ def test_stall_holds_bytes_both_ways_and_resume_delivers_them_in_order(proxy, co
     assert proxy.active == 1
 
 
+def test_the_reply_to_the_chosen_request_is_lost_after_the_target_got_it(proxy, connect, echo):
+    other = connect()
+    client = connect()
+    assert round_trip(client, b"GET /a HTTP/1.1\r\n\r\n") == b"GET /a HTTP/1.1\r\n\r\n"
+    proxy.lose_reply_to(b"PUT ", b"/log/")
+    assert round_trip(other, b"PUT /data HTTP/1.1\r\n\r\n") == b"PUT /data HTTP/1.1\r\n\r\n"
+    client.sendall(b"PUT /log/1 HTTP/1.1\r\n\r\n")
+    assert echo.wait_for(lambda: echo.heard.endswith(b"PUT /log/1 HTTP/1.1\r\n\r\n"))
+    assert proxy.wait_for_lost_reply(TIMEOUT)
+    assert nothing_arrives(client)  # the echo, the target's reply, never comes back
+    # Once: a later request with the same words, on another connection, gets its reply.
+    assert round_trip(other, b"PUT /log/2 HTTP/1.1\r\n\r\n") == b"PUT /log/2 HTTP/1.1\r\n\r\n"
+
+
 def test_a_close_is_passed_on_only_after_the_bytes_sent_before_it(proxy, connect, echo):
     client = connect()
     assert round_trip(client, b"hi") == b"hi"

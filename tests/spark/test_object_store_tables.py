@@ -219,3 +219,64 @@ def test_a_group_table_on_the_store_refuses_a_gateway_alone_and_another_group(ta
     assert DeltaTable(table_path(tables, READS)).metadata().configuration[GROUP_OF] == (
         "fxgate-env-a"
     )
+
+
+# The variable of each store's client request timeout (object_store's `timeout`, 30 s unless
+# set): short here, so that a request the store never answers fails within the test.
+CLIENT_TIMEOUT = {"azurite": "AZURE_TIMEOUT", "seaweedfs": "AWS_TIMEOUT"}
+
+
+def test_a_store_that_stalls_or_loses_a_commits_reply_gets_each_batch_once(
+    store, tables, monkeypatch
+):
+    """Through a fault proxy in front of the store: a stall (connections open, nothing passes)
+    holds a batch's write until it ends, then the batch lands; a commit the store made but
+    whose reply is lost fails the write, and the writer's retry finds the batch in (its
+    transaction id) and writes nothing."""
+    import threading
+
+    from tests.harness.proxy import FaultProxy
+
+    with FaultProxy(store.host, store.port) as proxy:
+        for name, value in store.environment(proxy.port).items():
+            monkeypatch.setenv(name, value)
+        monkeypatch.setenv(CLIENT_TIMEOUT[store.kind], "2s")
+        ArrowTableWriter(None, tables, APP).write_batch(1, {READS: reads(range(10))})
+
+        proxy.stall()
+        outcome: list[object] = []
+        writing = threading.Thread(
+            target=lambda: outcome.append(_attempt(tables, 2, range(10, 20))), daemon=True
+        )
+        writing.start()
+        writing.join(3.0)
+        assert writing.is_alive(), outcome  # nothing passes the proxy: it cannot be done
+        proxy.resume()
+        writing.join(120)
+        assert not writing.is_alive()
+        if outcome != [{READS: 10}]:  # it failed (its requests timed out): the retry lands it
+            assert isinstance(outcome[0], OSError), outcome
+            assert _attempt(tables, 2, range(10, 20)) == {READS: 10}
+
+        def lose_the_commits_reply(name: str) -> None:
+            if name == LANDED_NOT_COMMITTED:
+                proxy.lose_reply_to(b"PUT ", b"/_delta_log/0", b".json ")
+
+        losing = ArrowTableWriter(None, tables, APP, checkpoint=lose_the_commits_reply)
+        with pytest.raises(OSError):
+            losing.write_batch(3, {READS: reads(range(20, 30))})
+        assert proxy.wait_for_lost_reply(0)
+        retry = ArrowTableWriter(None, tables, APP)
+        assert retry.last_version(READS) == 3  # the store made the commit
+        retry.write_batch(3, {READS: reads(range(20, 30))})
+    for name, value in store.environment().items():
+        monkeypatch.setenv(name, value)
+    assert sorted(ids_of(read_table_arrow(tables, READS))) == sorted(ids_of(reads(range(30))))
+
+
+def _attempt(tables: str, batch: int, ids: range) -> dict | OSError:
+    """One attempt at writing `batch` (a writer as the writer actor makes after a restart)."""
+    try:
+        return ArrowTableWriter(None, tables, APP).write_batch(batch, {READS: reads(ids)})
+    except OSError as error:
+        return error
