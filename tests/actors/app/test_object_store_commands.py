@@ -1,5 +1,7 @@
-"""The commands on tables on an object store (issue 35), against a real Azurite reached as Azure
-is (the storage account variables in the environment, `tables_dir = "az://..."`): `status`
+"""The commands on tables on an object store (issue 35), each on Azure and on S3: a real Azurite
+reached as Azure is (the storage account variables in the environment, `tables_dir =
+"az://..."`) and a real SeaweedFS S3 gateway reached as S3 is (the AWS variables, `s3://...`):
+`status`
 counts them, `dead-letters list` lists them, `compact` runs a pass there (no lock file, each
 OPTIMIZE claimed), `report` reads them with delta-rs, all with no JVM; `sql` and `audit` run
 through Spark as anywhere, the tables read by delta-rs and handed to Spark
@@ -24,8 +26,13 @@ APP = application_id("object-store-commands")
 
 
 @pytest.fixture
-def tables(azurite) -> str:
-    return azurite.create_root("fxgate") + "/env-a"
+def store(object_store_process):
+    return object_store_process
+
+
+@pytest.fixture
+def tables(store) -> str:
+    return store.create_root("fxgate") + "/env-a"
 
 
 def run(tmp_path, tables: str, *args: str):
@@ -39,15 +46,13 @@ def land_small_batches(tables: str, batches: int = 4) -> None:
         writer.write_batch(batch, {READS: reads(range(10 * batch, 10 * batch + 10))})
 
 
-def test_status_counts_the_tables_on_the_store_and_says_so_when_it_is_down(
-    azurite, tables, tmp_path
-):
+def test_status_counts_the_tables_on_the_store_and_says_so_when_it_is_down(store, tables, tmp_path):
     land_small_batches(tables)
     shown = run(tmp_path, tables, "status", "--json")
     assert shown.exit_code == 0, shown.output
     counted = json.loads(shown.output)["tables"]
     assert counted["reads"] == 40
-    azurite.stop()
+    store.stop()
     down = run(tmp_path, tables, "status", "--json")
     assert down.exit_code == 0, down.output
     unreachable = json.loads(down.output)["tables"]
@@ -105,7 +110,8 @@ def test_report_reads_the_store_with_delta_rs_and_names_a_read_landed_twice(tabl
     writer.write_batch(1, {READS: table})
     reported = run(tmp_path, tables, "report", "--manifest", str(manifest), "--no-progress")
     assert reported.exit_code == 0, reported.output
-    assert "reads table on Azure, read back with delta-rs:" in reported.output
+    place = "Azure" if tables.startswith("az://") else "S3"
+    assert f"reads table on {place}, read back with delta-rs:" in reported.output
     assert "EXACT: every published read landed once" in reported.output
     # Another gateway's append of one of them: the report sees it on the store.
     ArrowTableWriter(None, tables, application_id("another")).write_batch(1, {READS: table[:1]})
