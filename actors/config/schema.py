@@ -692,10 +692,11 @@ class SparkConfig(_Section):
     """With `tables_dir` on an object store: a file of the store's variables, one `NAME=value` a
     line as in a systemd `EnvironmentFile` (e.g. `AZURE_STORAGE_ACCOUNT_NAME` and
     `AZURE_STORAGE_SAS_TOKEN`, or `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY` and
-    `AWS_REGION`), names starting with `AZURE_`, `AWS_` or `GOOGLE_` only. Each fxgate command
-    reads it when it starts and sets them over the environment's; the log names the variables,
-    never their values. Restart the daemon after changing it. In production mode the file must
-    be private to the daemon's user (chmod 600). Unset: the environment's variables alone."""
+    `AWS_REGION`), names starting with `AZURE_`, `AWS_` or `GOOGLE_` (`AZURITE_` for the
+    emulator) only. Each fxgate command reads it when it starts and sets them over the
+    environment's; the log names the variables, never their values. Restart the daemon after
+    changing it. In production mode the file must be private to the daemon's user (chmod 600).
+    Unset: the environment's variables alone."""
     # A Spark job costs ~0.1 s fixed with landing = "spark", hence tens of packs per commit (§4).
     batch_max_rows: int = Field(20000, ge=1)
     """Rows are appended in one Delta commit per table per batch, written when this many rows
