@@ -233,6 +233,7 @@ class _Pair:
         self.closing = False  # a side closed and the close was passed on; no longer active
         self.closing_since = 0.0
         self.losing = False  # lose_reply_to() chose this pair: what the target answers is dropped
+        self.answered = False  # reply_instead() answered its client: nothing more passes
         self.outbox = {client: bytearray(), upstream: bytearray()}  # bytes to write to that side
         self.ended: set[socket.socket] = set()  # sides that sent EOF or failed
         self.thread: threading.Thread | None = None
@@ -272,6 +273,8 @@ class FaultProxy:
         self._closed = False
         self._lose_reply_to: tuple[bytes, ...] | None = None
         self._replies_lost = 0
+        self._reply_instead: bytes | None = None
+        self._replied_instead = 0
         self._live: set[_Pair] = set()
         self._pumps: list[threading.Thread] = []
         self._accepted = 0
@@ -395,8 +398,24 @@ class FaultProxy:
         with self._cond:
             return self._cond.wait_for(lambda: self._replies_lost > 0, timeout)
 
+    def reply_instead(self, reply: bytes) -> None:
+        """Answer each connection's next request with `reply` and close it, forwarding nothing:
+        an HTTP server that refuses every request (a `503 Server Busy` with `Connection:
+        close`), until resume()."""
+        with self._cond:
+            self._reply_instead = reply
+            self._cond.notify_all()
+
+    def wait_for_replies_instead(self, count: int, timeout: float) -> bool:
+        """Wait until reply_instead() has answered `count` requests."""
+        with self._cond:
+            return self._cond.wait_for(lambda: self._replied_instead >= count, timeout)
+
     def resume(self) -> None:
-        """End stall() or half_open(): held bytes go out first, in the order they arrived."""
+        """End stall(), half_open() or reply_instead(): held bytes go out first, in the order
+        they arrived."""
+        with self._cond:
+            self._reply_instead = None
         self._set_mode(_Mode.FORWARD)
 
     def flap(self, times: int, timeout: float = 30.0) -> None:
@@ -582,6 +601,15 @@ class FaultProxy:
         # The mode is read after the bytes arrived, so bytes sent after stall() or half_open()
         # returned always obey it.
         with self._cond:
+            if pair.answered:
+                return  # what the client sends after the reply it was given goes nowhere
+            if self._reply_instead is not None and sock is pair.client:
+                pair.outbox[pair.client] += self._reply_instead
+                pair.answered = True
+                pair.ended.add(pair.upstream)  # closes the client's side once it has the reply
+                self._replied_instead += 1
+                self._cond.notify_all()
+                return
             words = self._lose_reply_to
             if words is not None and sock is pair.client:
                 first_line = data.split(b"\r\n", 1)[0]

@@ -275,6 +275,24 @@ def test_the_reply_to_the_chosen_request_is_lost_after_the_target_got_it(proxy, 
     assert round_trip(other, b"PUT /log/2 HTTP/1.1\r\n\r\n") == b"PUT /log/2 HTTP/1.1\r\n\r\n"
 
 
+def test_reply_instead_answers_each_connection_once_and_closes_it_until_resume(
+    proxy, connect, echo
+):
+    busy = b"HTTP/1.1 503 Server Busy\r\nConnection: close\r\nContent-Length: 0\r\n\r\n"
+    before = connect()
+    assert round_trip(before, b"GET /a HTTP/1.1\r\n\r\n") == b"GET /a HTTP/1.1\r\n\r\n"
+    proxy.reply_instead(busy)
+    for client in (before, connect()):
+        client.sendall(b"PUT /b HTTP/1.1\r\n\r\n")
+        assert receive_exactly(client, len(busy)) == busy
+        assert client.recv(1) == b""  # closed after the reply
+    assert proxy.wait_for_replies_instead(2, TIMEOUT)
+    assert echo.heard == b"GET /a HTTP/1.1\r\n\r\n"  # the target heard neither
+    proxy.resume()
+    after = connect()
+    assert round_trip(after, b"PUT /c HTTP/1.1\r\n\r\n") == b"PUT /c HTTP/1.1\r\n\r\n"
+
+
 def test_a_close_is_passed_on_only_after_the_bytes_sent_before_it(proxy, connect, echo):
     client = connect()
     assert round_trip(client, b"hi") == b"hi"

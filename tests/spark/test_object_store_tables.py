@@ -9,6 +9,8 @@ What the local tables' tests show holds on the store too, and is shown here with
 faults: each batch once through its transaction id and its replay; a kill between the files and
 the commit leaves blobs no snapshot lists; a store that is down fails the write (the writer
 actor's backoff retries it, the ledger holding the reads) and the same batch lands once after;
+through a fault proxy, a stalled store, a throttling one (503) and a commit whose reply is lost
+each leave every batch in once;
 two group members' merges forced to race; a claimed OPTIMIZE and a VACUUM beside a member's
 landing. Readers in other processes (delta-rs, Polars, DuckDB) read the table the way their users
 do.
@@ -272,6 +274,38 @@ def test_a_store_that_stalls_or_loses_a_commits_reply_gets_each_batch_once(
     for name, value in store.environment().items():
         monkeypatch.setenv(name, value)
     assert sorted(ids_of(read_table_arrow(tables, READS))) == sorted(ids_of(reads(range(30))))
+
+
+# What a throttling store answers: Azure's and S3's "slow down" is a 503, and the store closes.
+BUSY = (
+    b"HTTP/1.1 503 Server Busy\r\nContent-Length: 0\r\nRetry-After: 1\r\nConnection: close\r\n\r\n"
+)
+
+
+def test_a_throttling_store_is_waited_out_and_the_batch_lands_once(store, tables, monkeypatch):
+    """A store answering every request with 503 (through a fault proxy): the client retries on
+    its own backoff, and the batch lands once the store serves again."""
+    import threading
+
+    from tests.harness.proxy import FaultProxy
+
+    with FaultProxy(store.host, store.port) as proxy:
+        for name, value in store.environment(proxy.port).items():
+            monkeypatch.setenv(name, value)
+        ArrowTableWriter(None, tables, APP).write_batch(1, {READS: reads(range(10))})
+        proxy.reply_instead(BUSY)
+        outcome: list[object] = []
+        writing = threading.Thread(
+            target=lambda: outcome.append(_attempt(tables, 2, range(10, 20))), daemon=True
+        )
+        writing.start()
+        assert proxy.wait_for_replies_instead(3, 60), outcome  # refused, and asked again
+        proxy.resume()
+        writing.join(180)
+        assert outcome == [{READS: 10}]
+    for name, value in store.environment().items():
+        monkeypatch.setenv(name, value)
+    assert sorted(ids_of(read_table_arrow(tables, READS))) == sorted(ids_of(reads(range(20))))
 
 
 def _attempt(tables: str, batch: int, ids: range) -> dict | OSError:
