@@ -18,6 +18,7 @@ import base64
 import os
 import random
 import time
+from urllib.parse import parse_qs, quote
 
 import pytest
 
@@ -247,19 +248,21 @@ def test_a_store_outage_at_the_shipped_queue_limits_loses_nothing_and_lands_the_
 def test_a_store_refusing_the_credentials_file_is_waited_out_and_the_corrected_file_lands_once(
     mosquitto, azurite, daemon_factory, tmp_path, monkeypatch
 ):
-    """The daemon takes its store credentials from `[spark] store_credentials_file` alone. With
-    a wrong key Azure (Azurite checks the signature as Azure does) answers 403 to every write:
-    the reads are acknowledged and held in the ledger, /healthz says the writes fail, and
-    neither key is ever logged. With the file corrected and the daemon restarted, every read
-    lands once."""
+    """The daemon takes its store credentials from `[spark] store_credentials_file` alone: the
+    account and a SAS, as the docs advise. With a SAS signed by another key Azure (Azurite checks
+    the signature as Azure does) answers 403 to every write: the reads are acknowledged and
+    held in the ledger, /healthz says the writes fail, and no signature is ever logged. With
+    the file corrected and the daemon restarted, every read lands once."""
     from tests.actors.app.test_metrics import free_port, get
     from tests.actors.test_ledger_is_the_buffer import json_reasons
 
     tables = azurite.create_root("fxgate") + "/env-a"
-    right = azurite.environment()
-    wrong_key = base64.b64encode(b"not the account's key, 64 bytes long like Azure's keys......")
-    wrong = {**right, "AZURE_STORAGE_ACCOUNT_KEY": wrong_key.decode()}
-    for name in right:  # the daemons reach the store through the file alone
+    key = azurite.environment()
+    right = {name: value for name, value in key.items() if name != "AZURE_STORAGE_ACCOUNT_KEY"}
+    right["AZURE_STORAGE_SAS_TOKEN"] = azurite.sas_token()
+    other_key = base64.b64encode(b"not the account's key, 64 bytes long like Azure's keys......")
+    wrong = {**right, "AZURE_STORAGE_SAS_TOKEN": azurite.sas_token(key=other_key.decode())}
+    for name in key:  # the daemons reach the store through the file alone
         monkeypatch.delenv(name)
     credentials = tmp_path / "store.env"
     credentials.write_text("".join(f"{name}={value}\n" for name, value in wrong.items()))
@@ -284,7 +287,7 @@ def test_a_store_refusing_the_credentials_file_is_waited_out_and_the_corrected_f
     assert wait_until(refused, 30), get(f"http://127.0.0.1:{port}/healthz")
     assert daemon.terminate() == 0, daemon.output()
     refusals = daemon.output()
-    assert "store credentials: AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_ACCOUNT_NAME, " in refusals
+    assert "store credentials: AZURE_STORAGE_ACCOUNT_NAME, AZURE_STORAGE_SAS_TOKEN, " in refusals
     # Azure's 403, as object_store words it.
     assert (
         "table write failed (attempt 1): Kernel error -> The operation lacked the necessary "
@@ -297,7 +300,9 @@ def test_a_store_refusing_the_credentials_file_is_waited_out_and_the_corrected_f
         monkeypatch.setenv(name, value)
     wait_until_landed(daemon, tmp_path / "gw", 600, timeout=180, tables=tables)
     assert daemon.terminate() == 0, daemon.output()
-    for key in (wrong["AZURE_STORAGE_ACCOUNT_KEY"], right["AZURE_STORAGE_ACCOUNT_KEY"]):
-        assert key not in refusals + daemon.output()
+    logged = refusals + daemon.output()
+    for token in (wrong["AZURE_STORAGE_SAS_TOKEN"], right["AZURE_STORAGE_SAS_TOKEN"]):
+        signature = parse_qs(token)["sig"][0]
+        assert signature not in logged and quote(signature, safe="") not in logged
     landed = compare(expected_read_ids(published.published), landed_ids_arrow(tables)[0])
     assert landed.exact, landed.lines()
