@@ -169,10 +169,10 @@ def test_two_members_of_a_group_land_into_one_azure_table_through_sigkills_each_
     assert check_readers(readers) > 0
 
 
-# How long the store stays away in the outage test: long enough for the writer's backoff to
-# have failed many attempts (each one object_store's own ten quick retries), short enough for the
-# suite; the backlog's size, not the outage's length, is what the ledger has to hold.
-OUTAGE_SECONDS = 60.0
+# How long the store stays away in the outage test: minutes, the writer's backoff at its cap and
+# many attempts failed (each one object_store's own ten quick retries); the readers publish at its
+# start and again halfway. The backlog's size, not the outage's length, is what the ledger holds.
+OUTAGE_SECONDS = 120.0
 
 
 @pytest.mark.broker
@@ -214,11 +214,18 @@ def test_a_store_outage_at_the_shipped_queue_limits_loses_nothing_and_lands_the_
         assert source.wait_for_output("fxgate-local-gw-test-gw-test 2 zebra/fx/+/reads", 15)
         azurite.stop()
         outage_began = clock.wall()
-        published = simulate(source.host, source.port, readers=2, rate=PACE, count=1500, qos=1)
-        # Every read acknowledged to the readers, and forwarded, while the store is away.
-        assert published.failed == 0 and len(published.published) == 3000
+        published = []
+        for wave in range(2):
+            if wave:
+                assert wait_until(lambda: clock.wall() - outage_began >= OUTAGE_SECONDS / 2, 120)
+            sent = simulate(
+                source.host, source.port, readers=2, rate=PACE, count=750, qos=1, seed=wave
+            )
+            # Every read acknowledged to the readers, and forwarded, while the store is away.
+            assert sent.failed == 0 and len(sent.published) == 1500
+            published += sent.published
         messages = cloud.wait_for(3000, timeout=120)
-        assert_upstream_got_each_once_in_order(messages, published.published)
+        assert_upstream_got_each_once_in_order(messages, published)
 
         def out_long_enough() -> bool:
             health = supervisor.status().get("spark") or {}
@@ -238,7 +245,7 @@ def test_a_store_outage_at_the_shipped_queue_limits_loses_nothing_and_lands_the_
         cloud.close()
         supervisor.stop()
         clock.close()
-    landed = compare(expected_read_ids(published.published), landed_ids_arrow(tables)[0])
+    landed = compare(expected_read_ids(published), landed_ids_arrow(tables)[0])
     assert landed.exact, landed.lines()
 
 
