@@ -131,8 +131,6 @@ $(MOCHI_BIN): $(MOCHI_SOURCES)/main.go $(MOCHI_SOURCES)/go.mod $(MOCHI_SOURCES)/
 	mkdir -p $(dir $(MOCHI_BIN))
 	cd $(MOCHI_SOURCES) && GOFLAGS=-mod=readonly go build -o $(abspath $(MOCHI_BIN)) .
 
-# `npm ci` installs exactly the lock file's packages; Azurite's declared engine (Node.js 22) is
-# newer than Debian 12's Node.js 20, on which its Blob service runs (the tests say so).
 $(SEAWEEDFS_STAMP): | system-deps $(STAMP)
 	mkdir -p $(dir $(SEAWEEDFS_BIN))
 	module=$$(go mod download -json github.com/seaweedfs/seaweedfs@$(SEAWEEDFS_VERSION) \
@@ -143,6 +141,8 @@ $(SEAWEEDFS_STAMP): | system-deps $(STAMP)
 	rm -f $(VENV)/share/fxgate/seaweedfs-*.stamp
 	touch $(SEAWEEDFS_STAMP)
 
+# `npm ci` installs exactly the lock file's packages; Azurite's declared engine (Node.js 22) is
+# newer than Debian 12's Node.js 20, on which its Blob service runs (the tests say so).
 $(AZURITE_MAIN): $(AZURITE_SOURCES)/package.json $(AZURITE_SOURCES)/package-lock.json | system-deps $(STAMP)
 	rm -rf $(AZURITE_DIR)
 	mkdir -p $(AZURITE_DIR)

@@ -137,26 +137,35 @@ def spark_uri(location: Location) -> str:
 def read_store_credentials(path: str) -> dict[str, str]:
     """The variables in the store credentials file at `path`: `NAME=value` lines (`#` comments,
     quoted values, `export` allowed, as in a systemd EnvironmentFile), every name a store's
-    (`STORE_VARIABLES`). Raises OSError, or ValueError naming what is wrong and never a value."""
-    from dotenv import dotenv_values
+    (`STORE_VARIABLES`). Raises OSError, or ValueError saying what is wrong on which lines, never
+    what they hold."""
+    from dotenv.parser import parse_stream
 
     with open(path, encoding="utf-8") as stream:
         try:
-            values = dotenv_values(stream=stream, interpolate=False)
+            bindings = list(parse_stream(stream))
         except UnicodeDecodeError:
             raise ValueError("the file is not UTF-8 text") from None
+    # Lines are named by number, never by what they hold: a value pasted on a line of its own
+    # reads as a name. A line python-dotenv cannot read is an error, not a skipped variable.
+    problems = []
+    for binding in bindings:
+        line = binding.original.line
+        if binding.error:
+            problems.append(f"line {line}: not NAME=value")
+        elif binding.key is not None and not binding.key.startswith(STORE_VARIABLES):
+            problems.append(
+                f"line {line}: not a store's variable (the file holds only variables starting "
+                f"with {', '.join(STORE_VARIABLES)})"
+            )
+        elif binding.key is not None and not binding.value:
+            problems.append(f"line {line}: no value (write NAME=value)")
+    if problems:
+        raise ValueError("; ".join(problems))
+    values = {binding.key: binding.value for binding in bindings if binding.key is not None}
     if not values:
         raise ValueError("the file sets no variable (it holds NAME=value lines)")
-    foreign = sorted(name for name in values if not name.startswith(STORE_VARIABLES))
-    if foreign:
-        raise ValueError(
-            f"{', '.join(foreign)}: not a store's variable (the file holds only variables "
-            f"starting with {', '.join(STORE_VARIABLES)})"
-        )
-    empty = sorted(name for name, value in values.items() if not value)
-    if empty:
-        raise ValueError(f"{', '.join(empty)}: no value (write NAME=value)")
-    return {name: value for name, value in values.items() if value}
+    return values
 
 
 def apply_store_credentials(path: str, environ=os.environ) -> list[str]:

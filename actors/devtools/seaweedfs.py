@@ -1,4 +1,4 @@
-"""A local SeaweedFS with its S3 gateway, for the S3 tables' tests and the benchmarks.
+"""A local SeaweedFS with its S3 gateway, for the S3 tables' tests.
 
 SeaweedFS is a real S3-compatible server (not an emulator of one) whose S3 gateway honours
 conditional writes (`If-None-Match: *` on PutObject, checked under the filer's lock), which
@@ -8,13 +8,15 @@ version pinned in the Makefile) into the virtualenv.
 
 `weed mini` runs the master, a volume server, the filer and the S3 gateway in one process, all
 on loopback ports of their own (chosen once, kept through `stop`/`start`) and with their files in
-the data folder, so that a restarted store serves what it held. It knows one identity, whose
-keys are given to it in its environment and to the clients by `environment()`.
+the data folder, so that a restarted store serves what it held (all but one: the admin server's
+local socket, which `weed mini` puts in /tmp, is removed when the store ends). It knows one
+identity, whose keys are given to it in its environment and to the clients by `environment()`.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 from actors.devtools.broker_process import BrokerProcess, free_port, installed
@@ -84,6 +86,11 @@ class SeaweedFSProcess(BrokerProcess):
             f"-filer.localSocket={self.data_dir / 'filer.sock'}",
             f"-s3.localSocket={self.data_dir / 's3.sock'}",
         ]
+
+    def _end(self, sig: signal.Signals, timeout: float) -> None:
+        super()._end(sig, timeout)
+        port = self.ports["admin.port.grpc"]
+        Path(f"/tmp/seaweedfs-admin-grpc-{port}.sock").unlink(missing_ok=True)
 
     def child_environment(self) -> dict[str, str]:
         # weed mini makes its one identity from the keys in its environment.
