@@ -8,9 +8,10 @@ version pinned in the Makefile) into the virtualenv.
 
 `weed mini` runs the master, a volume server, the filer and the S3 gateway in one process, all
 on loopback ports of their own (chosen once, kept through `stop`/`start`) and with their files in
-the data folder, so that a restarted store serves what it held (all but one: the admin server's
-local socket, which `weed mini` puts in /tmp, is removed when the store ends). It knows one
-identity, whose keys are given to it in its environment and to the clients by `environment()`.
+the data folder, so that a restarted store serves what it held (all but the servers' local gRPC
+sockets, which `weed mini` puts in /tmp whatever it is told: they are removed when the store
+ends). It knows one identity, whose keys are given to it in its environment and to the clients
+by `environment()`.
 """
 
 from __future__ import annotations
@@ -41,6 +42,15 @@ _OTHER_PORTS = (
     "admin.port",
     "admin.port.grpc",
 )
+
+# The local gRPC socket each server makes in /tmp, named by its gRPC port (left there by a kill).
+_GRPC_SOCKETS = {
+    "master": "master.port.grpc",
+    "volume": "volume.port.grpc",
+    "filer": "filer.port.grpc",
+    "s3": "s3.port.grpc",
+    "admin": "admin.port.grpc",
+}
 
 
 def seaweedfs_command() -> Path:
@@ -89,8 +99,8 @@ class SeaweedFSProcess(BrokerProcess):
 
     def _end(self, sig: signal.Signals, timeout: float) -> None:
         super()._end(sig, timeout)
-        port = self.ports["admin.port.grpc"]
-        Path(f"/tmp/seaweedfs-admin-grpc-{port}.sock").unlink(missing_ok=True)
+        for server, port in _GRPC_SOCKETS.items():
+            Path(f"/tmp/seaweedfs-{server}-grpc-{self.ports[port]}.sock").unlink(missing_ok=True)
 
     def child_environment(self) -> dict[str, str]:
         # weed mini makes its one identity from the keys in its environment.
