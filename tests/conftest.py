@@ -6,7 +6,8 @@ import freezegun
 from tests.harness.azurite import azurite, azurite_factory  # noqa: F401
 from tests.harness.broker import broker_factory, mosquitto, mosquitto_factory  # noqa: F401
 from tests.harness.daemon import daemon_factory  # noqa: F401
-from tests.harness.seaweedfs import object_store_process, seaweedfs, seaweedfs_factory  # noqa: F401
+from tests.harness.object_stores import object_store_process  # noqa: F401
+from tests.harness.seaweedfs import seaweedfs, seaweedfs_factory  # noqa: F401
 from tests.harness.spark import spark_session  # noqa: F401
 from tests.harness.spark_cluster import spark_cluster  # noqa: F401
 
