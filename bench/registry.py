@@ -25,6 +25,7 @@ MODULES = (
     "bench.start",
     "bench.parse_where",
     "bench.windows",
+    "bench.footprint",
 )
 
 

@@ -29,8 +29,9 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from persistence.keys import ReadKey, payload_hash_read_id
+from persistence.keys import ReadKey, payload_hash_read_id, read_fields_read_id
 from spark.reader_health import DATA, MANAGEMENT, ReaderObservation
 from spark.topics import reader_id_from_topic, safe_reader_id, topic_matches, topic_problem
 from spark.zebra import (
@@ -45,6 +46,7 @@ from spark.zebra import (
     parse_management_payload,
     parse_payload,
 )
+from spark.zebra_arrow import NativeReads, parse_columns
 
 log = logging.getLogger(__name__)
 
@@ -248,6 +250,7 @@ def build_batch(
     management_filters: tuple[str, ...] = (),
     known_readers: Collection[str] = frozenset(),
     part: bool = False,
+    native: bool = True,
 ) -> BatchTables:
     """Parse every record: one `reads` row per tag read, one `dead_letters` row per bad message,
     one `events` row per message on a topic matching `events_filter` (the life-cycle topics,
@@ -267,7 +270,23 @@ def build_batch(
     message on a topic `spark.zebra.topic_problem` refuses is dead-lettered as `invalid_topic`.
     The `reader_id` column holds `spark.zebra.safe_reader_id` of the reader's topic level (the
     `topic` column keeps the topic as it came); read keys are made from the level as it came.
+
+    With the Zebra parser and `native` (the default), the tag data messages are first parsed in
+    C++ (spark.zebra_arrow), and the Zebra parser decides only what that path hands back: the
+    tables are the same either way (tests/spark/test_zebra_arrow.py builds both and compares).
     """
+    records = records if isinstance(records, Sequence) else list(records)
+    # topic -> (why it cannot be stored or None, reader level as it came, its safe name)
+    topics: dict[str, tuple[str | None, str, str]] = {}
+    native_reads = (
+        _parse_natively(
+            records, topics, events_filter, management_filters, max_payload_bytes, max_reads
+        )
+        if native and parse is None and read_key in _COLUMN_READ_KEYS
+        else None
+    )
+    # record position -> its message's number in native_reads (the messages it took)
+    taken: Collection[int] = () if native_reads is None else native_reads.taken
     if parse is None:
         parse = functools.partial(parse_payload, max_bytes=max_payload_bytes, max_reads=max_reads)
     events: list[tuple[object, dict, int]] = []
@@ -307,23 +326,21 @@ def build_batch(
     dead_sink: list[str] = []
     dead_seq: list[int] = []
 
-    # topic -> (why it cannot be stored or None, reader level as it came, its safe name)
-    topics: dict[str, tuple[str | None, str, str]] = {}
-    for record in records:
+    position: list[int] = []  # the record each row of `reads` came from (not a column)
+    for number, record in enumerate(records):
+        if number in taken:  # a valid tag data message, its rows made natively
+            safe_reader = topics[record.topic][2]
+            valid_readers.add(safe_reader)
+            observations.append(
+                ReaderObservation(safe_reader, record.seq, record.received_time, DATA)
+            )
+            continue
         received_us = _epoch_micros(record.received_time)
         kind: str | None = None  # DATA or MANAGEMENT once the record is taken as one
         decided = getattr(record, "dead_reason", None)
         sink = TABLE_SINK
         record_topic = record.topic
-        known = topics.get(record_topic)
-        if known is None:
-            reader = reader_id_from_topic(record_topic)
-            known = topics[record_topic] = (
-                topic_problem(record_topic),
-                reader,
-                safe_reader_id(reader),
-            )
-        problem, reader, safe_reader = known
+        problem, reader, safe_reader = _topic_facts(topics, record_topic)
         try:
             if decided == INVALID_TOPIC:  # marked by the ledger: see its _insert
                 raise PayloadError(
@@ -425,6 +442,7 @@ def build_batch(
             event_time.append(read.event_time)
             lenient_rows.append(lenient_fields(read))
         n = len(reads)
+        position.extend([number] * n)
         topic.extend([record_topic] * n)
         reader_id.extend([safe_reader] * n)
         received.extend([received_us] * n)
@@ -462,6 +480,8 @@ def build_batch(
         ],
         schema=READS_SCHEMA,
     )
+    if native_reads is not None and native_reads.reads.num_rows:
+        reads_table = _with_native_rows(reads_table, position, native_reads, batch_id, read_key)
 
     dead_received_times = pa.array(dead_received, type=UTC_MICROS)
     dead_table = pa.table(
@@ -490,6 +510,143 @@ def build_batch(
         valid_readers=frozenset(valid_readers) if part else frozenset(),
         deferred=tuple(deferred),
     )
+
+
+def _topic_facts(
+    topics: dict[str, tuple[str | None, str, str]], topic: str
+) -> tuple[str | None, str, str]:
+    """(why `topic` cannot be stored or None, its reader level as it came, its safe name),
+    remembered in `topics` for the batch."""
+    known = topics.get(topic)
+    if known is None:
+        reader = reader_id_from_topic(topic)
+        known = topics[topic] = (topic_problem(topic), reader, safe_reader_id(reader))
+    return known
+
+
+@dataclass(frozen=True)
+class _NativeBatch:
+    """The batch's tag data messages through spark.zebra_arrow: `taken` maps the record position
+    of each message it took to its number there; the lists hold, per message it was given (by
+    that number), the columns `reads` needs of its record and its reader level as it came (for
+    read keys)."""
+
+    native: NativeReads
+    taken: dict[int, int]
+    keys: list[str]
+    readers: list[str]
+    safe_readers: list[str]
+    topics: list[str]
+    received: list[int]
+    qos: list[int]
+    pack_ids: list[int]
+    seqs: list[int]
+    positions: list[int]
+
+    @property
+    def reads(self) -> pa.Table:
+        return self.native.reads
+
+
+def _parse_natively(
+    records: Sequence[LedgerRecord],
+    topics: dict[str, tuple[str | None, str, str]],
+    events_filter: str | None,
+    management_filters: tuple[str, ...],
+    max_payload_bytes: int,
+    max_reads: int,
+) -> _NativeBatch:
+    """The records `build_batch` would give the tag parser, through spark.zebra_arrow first."""
+    chosen: list[tuple[int, LedgerRecord, str, str]] = []
+    for number, record in enumerate(records):
+        if getattr(record, "dead_reason", None):
+            continue
+        problem, reader, safe_reader = _topic_facts(topics, record.topic)
+        if problem is not None:
+            continue
+        if events_filter is not None and topic_matches(events_filter, record.topic):
+            continue
+        if management_filters and any(topic_matches(f, record.topic) for f in management_filters):
+            continue
+        chosen.append((number, record, reader, safe_reader))
+    native = parse_columns([r.payload for _, r, _, _ in chosen], max_payload_bytes, max_reads)
+    return _NativeBatch(
+        native=native,
+        taken={n: place for place, (n, _, _, _) in enumerate(chosen) if place not in native.judged},
+        keys=[r.message_key for _, r, _, _ in chosen],
+        readers=[reader for _, _, reader, _ in chosen],
+        safe_readers=[safe for _, _, _, safe in chosen],
+        topics=[r.topic for _, r, _, _ in chosen],
+        received=[_epoch_micros(r.received_time) for _, r, _, _ in chosen],
+        qos=[r.qos for _, r, _, _ in chosen],
+        pack_ids=[r.pack_id for _, r, _, _ in chosen],
+        seqs=[r.seq for _, r, _, _ in chosen],
+        positions=[n for n, _, _, _ in chosen],
+    )
+
+
+def _payload_hash_ids(keys: pa.Array, readers: pa.Array, reads: pa.Table) -> pa.Array:
+    """persistence.keys.payload_hash_read_id over columns: `{message key}:{index}`."""
+    return pc.binary_join_element_wise(keys, reads.column("index").cast(pa.string()), ":")
+
+
+def _read_fields_ids(keys: pa.Array, readers: pa.Array, reads: pa.Table) -> pa.Array:
+    """persistence.keys.read_fields_read_id over columns: `{reader}/{eventNum}/{micros}`, or the
+    payload-hash id for a read without an eventNum."""
+    micros = reads.column("event_time").cast(pa.int64()).cast(pa.string())
+    fields = pc.binary_join_element_wise(
+        readers, reads.column("event_num").cast(pa.string()), micros, "/"
+    )
+    return pc.coalesce(fields, _payload_hash_ids(keys, readers, reads))
+
+
+# The read keys spark.zebra_arrow's rows can be named by, over columns; with another read key
+# every message goes to the Python parser.
+_COLUMN_READ_KEYS: dict[ReadKey, Callable[[pa.Array, pa.Array, pa.Table], pa.Array]] = {
+    payload_hash_read_id: _payload_hash_ids,
+    read_fields_read_id: _read_fields_ids,
+}
+
+
+def _with_native_rows(
+    reads_table: pa.Table,
+    position: list[int],
+    batch: _NativeBatch,
+    batch_id: int,
+    read_key: ReadKey,
+) -> pa.Table:
+    """`reads_table` (the Python parser's rows, from the records at `position`) and the native
+    rows, in record order, then read order."""
+    reads = batch.reads
+    message = reads.column("message")
+
+    def per_read(values: list, kind: pa.DataType) -> pa.Array:
+        return pc.take(pa.array(values, type=kind), message)
+
+    keys = per_read(batch.keys, pa.string())
+    received = per_read(batch.received, UTC_MICROS)
+    native_table = pa.table(
+        [
+            _COLUMN_READ_KEYS[read_key](keys, per_read(batch.readers, pa.string()), reads),
+            per_read(batch.topics, pa.string()),
+            per_read(batch.safe_readers, pa.string()),
+            *(reads.column(name) for name in READS_SCHEMA.names[3:10]),
+            received,
+            per_read(batch.qos, pa.int8()),
+            per_read(batch.pack_ids, pa.int64()),
+            pa.array([batch_id] * reads.num_rows, type=pa.int64()),
+            _utc_dates(received),
+            per_read(batch.seqs, pa.int64()),
+            *(reads.column(name) for name, _ in _LENIENT_COLUMNS[:-1]),
+            pa.nulls(reads.num_rows, pa.string()),
+        ],
+        schema=READS_SCHEMA,
+    )
+    if not reads_table.num_rows:
+        return native_table
+    order = pa.array(position + per_read(batch.positions, pa.int64()).to_pylist(), pa.int64())
+    both = pa.concat_tables([reads_table, native_table])
+    return both.take(pc.sort_indices(order))
 
 
 def join_parts(parts: Sequence[BatchTables]) -> BatchTables:
