@@ -1,8 +1,18 @@
-# Two entry points do all set-up on a fresh machine: `make demo` and `make test`.
-# Each installs only what is missing (Debian packages, then the virtualenv), so both are idempotent.
+# What each entry point installs on a fresh machine (only what is missing, so each is idempotent):
+#   make install  the gateway: a virtualenv in $(VENV) with fxgate and what `fxgate run` needs,
+#                 nothing else (no JDK, no Maven, no Go, no test brokers, no test/docs/bench extras)
+#   make dist     the same as a wheel in dist/, for `pip install` on a gateway (no checkout there)
+#   make demo     the light install and mosquitto (Debian), then the demo; BROKER=hivemq or mochi
+#                 builds that broker first (Maven and a JDK, or Go)
+#   make spark    adds Spark to the install, for `fxgate sql`, `audit` and landing on a cluster:
+#                 pyspark and delta-spark, a Java runtime (Debian), Delta Lake's jars (Maven)
+#   make test     everything the suite needs: Spark, the test brokers and stores, the test tools
 
 VENV     ?= .venv
 PYTHON   ?= python3
+# One stamp per layer of the virtualenv, each made by pip from setup.cfg (the extras there).
+INSTALL_STAMP := $(VENV)/.install-stamp
+SPARK_STAMP   := $(VENV)/.spark-stamp
 STAMP    := $(VENV)/.installed-stamp
 CDS_ARCHIVE := $(VENV)/share/fxgate/spark-classes.jsa
 SUDO     := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -59,10 +69,27 @@ SOAK_FORWARD_KILLS ?= 10
 # The daemon on a standalone Spark master killed at each of three moments (`make test`: one).
 CLUSTER_FAULTS ?= 3
 
-.PHONY: demo test lint format bench soak docs system-deps deps delta-jars brokers clean
+.PHONY: install dist demo spark test lint format bench soak docs system-deps deps delta-jars \
+	brokers clean mosquitto-deps java-runtime jdk maven node go
 
-demo: deps
+install: $(INSTALL_STAMP)
+
+# `pip wheel` builds fxgate's own wheel alone (--no-deps); `pip install dist/fxgate-*.whl` on the
+# gateway fetches the pinned dependencies. build/ first: setuptools would put a module deleted
+# since the last build, left there, into the wheel.
+dist: $(VENV)/bin/python
+	rm -rf build
+	$(VENV)/bin/pip wheel -q --no-deps --wheel-dir dist .
+	@ls dist/*.whl
+
+# The demo needs the light install and a broker; the JVM and Go brokers only when asked for.
+DEMO_BROKER_mosquitto := mosquitto-deps
+DEMO_BROKER_hivemq    := mosquitto-deps $(HIVEMQ_LAUNCHER)
+DEMO_BROKER_mochi     := mosquitto-deps $(MOCHI_BIN)
+demo: $(INSTALL_STAMP) $(DEMO_BROKER_$(BROKER))
 	$(VENV)/bin/fxgate demo --broker $(BROKER)
+
+spark: $(SPARK_STAMP) $(DELTA_JARS) $(CDS_ARCHIVE)
 
 test: deps lint
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
@@ -78,8 +105,8 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict -f docs/mkdocs.yml
 
 BENCH_STAMP := $(VENV)/.bench-stamp
-$(BENCH_STAMP): setup.cfg $(STAMP)
-	$(VENV)/bin/pip install -q -e '.[test,bench]'
+$(BENCH_STAMP): $(STAMP)
+	$(VENV)/bin/pip install -q -e '.[spark,test,bench]'
 	touch $(BENCH_STAMP)
 
 # Benchmarks run baseline and fxgate alternately in one run and report medians and ratios;
@@ -94,11 +121,11 @@ soak: deps
 	$(VENV)/bin/pytest -p no:cacheprovider -s tests/soak \
 		tests/spark/test_cluster.py::test_a_daemon_on_a_standalone_master_lands_through_its_worker_and_sigkills_lose_no_read
 
-lint: deps
+lint: $(STAMP)
 	$(RUFF) check --config .ci/ruff.toml actors persistence spark tests bench
 	$(RUFF) format --check --config .ci/ruff.toml actors persistence spark tests bench
 
-format: deps
+format: $(STAMP)
 	$(RUFF) format --config .ci/ruff.toml actors persistence spark tests bench
 	$(RUFF) check --fix --config .ci/ruff.toml actors persistence spark tests bench
 
@@ -109,7 +136,7 @@ delta-jars: $(DELTA_JARS)
 
 # All in one recipe (a grouped target): any missing jar fetches the set again, and jars of another
 # release are removed so that the directory holds exactly what is pinned.
-$(DELTA_JARS) &: | system-deps
+$(DELTA_JARS) &: | maven
 	mkdir -p $(DELTA_JARS_DIR)
 	rm -f $(DELTA_JARS_DIR)/delta-*.jar
 	for artifact in $(DELTA_ARTIFACTS); do \
@@ -120,18 +147,18 @@ $(DELTA_JARS) &: | system-deps
 # The test brokers beside mosquitto (variables above).
 brokers: $(HIVEMQ_LAUNCHER) $(MOCHI_BIN)
 
-$(HIVEMQ_LAUNCHER): $(HIVEMQ_SOURCES)/pom.xml $(HIVEMQ_SOURCES)/FxgateHiveMQ.java | system-deps $(STAMP)
+$(HIVEMQ_LAUNCHER): $(HIVEMQ_SOURCES)/pom.xml $(HIVEMQ_SOURCES)/FxgateHiveMQ.java | maven jdk $(INSTALL_STAMP)
 	rm -rf $(HIVEMQ_DIR)
 	$(MVN) -f $(HIVEMQ_SOURCES)/pom.xml dependency:copy-dependencies \
 		-DoutputDirectory=$(abspath $(HIVEMQ_DIR))/lib
 	mkdir -p $(HIVEMQ_DIR)/launcher
 	javac -d $(HIVEMQ_DIR)/launcher -cp '$(HIVEMQ_DIR)/lib/*' $(HIVEMQ_SOURCES)/FxgateHiveMQ.java
 
-$(MOCHI_BIN): $(MOCHI_SOURCES)/main.go $(MOCHI_SOURCES)/go.mod $(MOCHI_SOURCES)/go.sum | system-deps $(STAMP)
+$(MOCHI_BIN): $(MOCHI_SOURCES)/main.go $(MOCHI_SOURCES)/go.mod $(MOCHI_SOURCES)/go.sum | go $(INSTALL_STAMP)
 	mkdir -p $(dir $(MOCHI_BIN))
 	cd $(MOCHI_SOURCES) && GOFLAGS=-mod=readonly go build -o $(abspath $(MOCHI_BIN)) .
 
-$(SEAWEEDFS_STAMP): | system-deps $(STAMP)
+$(SEAWEEDFS_STAMP): | go $(INSTALL_STAMP)
 	mkdir -p $(dir $(SEAWEEDFS_BIN))
 	module=$$(go mod download -json github.com/seaweedfs/seaweedfs@$(SEAWEEDFS_VERSION) \
 		| $(VENV)/bin/python -c 'import json, sys; print(json.load(sys.stdin)["Dir"])') \
@@ -143,7 +170,7 @@ $(SEAWEEDFS_STAMP): | system-deps $(STAMP)
 
 # `npm ci` installs exactly the lock file's packages; Azurite's declared engine (Node.js 22) is
 # newer than Debian 12's Node.js 20, on which its Blob service runs (the tests say so).
-$(AZURITE_MAIN): $(AZURITE_SOURCES)/package.json $(AZURITE_SOURCES)/package-lock.json | system-deps $(STAMP)
+$(AZURITE_MAIN): $(AZURITE_SOURCES)/package.json $(AZURITE_SOURCES)/package-lock.json | node $(INSTALL_STAMP)
 	rm -rf $(AZURITE_DIR)
 	mkdir -p $(AZURITE_DIR)
 	cp $(AZURITE_SOURCES)/package.json $(AZURITE_SOURCES)/package-lock.json $(AZURITE_DIR)/
@@ -155,34 +182,64 @@ $(AZURITE_MAIN): $(AZURITE_SOURCES)/package.json $(AZURITE_SOURCES)/package-lock
 # only slower to start, so a failure to make it is said and does not stop the install. Made
 # after the Delta jars, from a session that has them, so that their classes are in it too;
 # new jars make it again.
-$(CDS_ARCHIVE): $(STAMP) $(DELTA_JARS)
+$(CDS_ARCHIVE): $(SPARK_STAMP) $(DELTA_JARS) | java-runtime
 	$(VENV)/bin/python -m spark.cds_archive $(CDS_ARCHIVE) || echo "continuing without the class data archive"
 
-# mosquitto + clients always; a Java 17 runtime only when no `java` is on the PATH, a JDK only
-# when no `javac` is (it compiles HiveMQ's launcher), and Maven (which fetches the Delta jars and
-# HiveMQ) only when no `mvn` is. Go is not installed here: Debian's is older than Mochi's go.mod
-# asks for; a missing `go` stops the install with what to do.
-system-deps:
+# Debian packages, each only when the command it provides is missing: mosquitto and its clients
+# (the demo's broker, the tests'); a Java 17 runtime when no `java` is on the PATH (Spark, the
+# JVM brokers); a JDK when no `javac` is (it compiles HiveMQ's launcher); Maven (which fetches
+# the Delta jars and HiveMQ) when no `mvn` is; Node.js and npm (Azurite). Go is not installed
+# here: Debian's is older than Mochi's go.mod asks for; a missing `go` stops with what to do.
+APT_GET_MISSING = if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			$$missing; \
+	fi
+
+mosquitto-deps:
 	@missing=""; \
 	{ command -v mosquitto >/dev/null || [ -x /usr/sbin/mosquitto ]; } || missing="$$missing mosquitto"; \
 	command -v mosquitto_pub >/dev/null || missing="$$missing mosquitto-clients"; \
-	command -v java >/dev/null || missing="$$missing openjdk-17-jre-headless"; \
-	command -v mvn >/dev/null || missing="$$missing maven"; \
-	command -v javac >/dev/null || missing="$$missing openjdk-17-jdk-headless"; \
-	command -v node >/dev/null || missing="$$missing nodejs"; \
-	command -v npm >/dev/null || missing="$$missing npm"; \
-	if [ -n "$$missing" ]; then \
-		echo "installing Debian packages:$$missing"; \
-		$(SUDO) apt-get update -qq && \
-		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends $$missing; \
-	fi
-	@command -v go >/dev/null || { echo "Go is missing: Mochi MQTT, a test broker, is built with the \
-	Go in $(MOCHI_SOURCES)/go.mod or newer (https://go.dev/doc/install)"; exit 1; }
+	$(APT_GET_MISSING)
 
-$(STAMP): setup.cfg pyproject.toml
-	[ -x $(VENV)/bin/python ] || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install -q -e '.[test]'
+java-runtime:
+	@missing=""; command -v java >/dev/null || missing=" openjdk-17-jre-headless"; $(APT_GET_MISSING)
+
+jdk: java-runtime
+	@missing=""; command -v javac >/dev/null || missing=" openjdk-17-jdk-headless"; $(APT_GET_MISSING)
+
+maven: java-runtime
+	@missing=""; command -v mvn >/dev/null || missing=" maven"; $(APT_GET_MISSING)
+
+node:
+	@missing=""; command -v node >/dev/null || missing="$$missing nodejs"; \
+	command -v npm >/dev/null || missing="$$missing npm"; \
+	$(APT_GET_MISSING)
+
+go:
+	@command -v go >/dev/null || { echo "Go is missing: Mochi MQTT and SeaweedFS, test tools, \
+	are built with the Go in $(MOCHI_SOURCES)/go.mod or newer (https://go.dev/doc/install)"; exit 1; }
+
+# Everything the test suite starts.
+system-deps: mosquitto-deps java-runtime jdk maven node go
+
+# The gateway's virtualenv: fxgate and what `fxgate run` needs (setup.cfg's install_requires).
+# Editable, as the other layers: the checkout is the installation (docs: operating/systemd).
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(INSTALL_STAMP): setup.cfg pyproject.toml | $(VENV)/bin/python
+	$(VENV)/bin/pip install -q -e .
+	touch $(INSTALL_STAMP)
+
+$(SPARK_STAMP): $(INSTALL_STAMP)
+	$(VENV)/bin/pip install -q -e '.[spark]'
+	touch $(SPARK_STAMP)
+
+$(STAMP): $(SPARK_STAMP)
+	$(VENV)/bin/pip install -q -e '.[spark,test]'
 	touch $(STAMP)
 
 clean:
-	rm -rf $(VENV) .demo build *.egg-info .pytest_cache .ruff_cache docs/site $(DOCS_PLOTS)
+	rm -rf $(VENV) .demo build dist *.egg-info .pytest_cache .ruff_cache docs/site $(DOCS_PLOTS)

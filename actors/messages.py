@@ -16,7 +16,7 @@ from persistence.records import LedgerRecord, ReaderCount
 if TYPE_CHECKING:
     import pykka
 
-    from actors.mqtt.client import AckKind, InboundPublish, InboundPubrel
+    from actors.mqtt.client import InboundPublish, InboundPubrel
     from actors.mqtt.upstream import OutboundAck, OutboundPublish
 
 
@@ -82,14 +82,6 @@ class OutboundAcks:
 
 
 # -- the ledgers -> the connection that owns the paho client (actors.mqtt.relay) ------------
-
-
-@dataclass(frozen=True, slots=True)
-class SendAcks:
-    """PUBACK / PUBREC / PUBCOMP for packets of the connection of `epoch`, in order."""
-
-    epoch: int
-    acks: tuple[tuple[AckKind, int], ...]
 
 
 @dataclass(frozen=True, slots=True)

@@ -271,9 +271,7 @@ class Supervisor(WriterListener):
                     data_dir=cfg.gateway.data_path,
                 ),
                 table_properties=cfg.compaction.table_properties(),
-                parse_worker=cfg.spark.parse_worker,
                 land_with_arrow=cfg.spark.lands_with_arrow,
-                parse_helpers=cfg.spark.parse_helpers,
                 group=None
                 if cfg.group_tables is None
                 else GroupLanding(cfg.group_tables, cfg.identity.client_id),

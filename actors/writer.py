@@ -14,6 +14,10 @@ A crash before 1 re-packs the rows; between 1 and 3 the recovery replays the sam
 tables that have it skip it. Batches are written one after the other, in id order (a failed one
 is retried before any later one), so batch N+1 commits to no table before N is in every table.
 
+A batch is parsed in this thread, just before its write (spark.prepare): the tag data payloads
+in C++ by pyarrow's JSON reader with the GIL released (spark.zebra_arrow), so the intake's
+threads keep running meanwhile, in the daemon's one interpreter.
+
 The writer is one of the ledger's two sinks (DESIGN §7.1) and takes what the ledger feeds it on
 credit: at most `backlog_high` messages (and `backlog_high_bytes` of payload) handed over and not
 yet written; it grants credit again once no more than `backlog_low` wait. A slow or failing
@@ -52,7 +56,6 @@ import functools
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -78,12 +81,12 @@ from persistence.records import TABLE, ReaderCount
 from persistence.storage_faults import StorageUnavailable
 from spark.batching import BatchCollector
 from spark.location import delta_location, local_path, object_store
-from spark.parse_worker import BuildOptions, ParseWorker
+from spark.prepare import BuildOptions
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from spark.parse_worker import PreparedBatch
+    from spark.prepare import PreparedBatch
     from spark.tables import TableWriter
     from spark.writer_lock import WriterLock
 
@@ -97,19 +100,6 @@ log = logging.getLogger(__name__)
 # ledger answers within milliseconds unless it is stuck; a batch is never lost by a retry).
 LEDGER_ASK_TIMEOUT = 30.0
 
-# The parse worker is restarted after it died (out of memory, killed), the batch parsed here
-# meanwhile; after this many deaths in a row, batches are parsed here for the writer's life.
-MAX_PARSE_WORKER_DEATHS = 3
-
-# Batches begun and handed to the parse worker but not yet written, at most: the writer writes
-# the oldest to Spark while the worker parses the next (two batches' records and tables in
-# memory, each within batch_max_rows / batch_max_bytes).
-PIPELINE_DEPTH = 2
-
-# A parse that takes longer than this counts as a dead worker (the batch is parsed here): a
-# batch parses in well under a second (bench parse-where).
-PARSE_TIMEOUT = 120.0
-
 
 @dataclass(frozen=True, slots=True)
 class _Deadline:
@@ -119,21 +109,6 @@ class _Deadline:
 @dataclass(frozen=True, slots=True)
 class _Retry:
     pass
-
-
-@dataclass(frozen=True, slots=True)
-class _Prepared:
-    """The parse worker resolved a submitted batch's future (the oldest may now be written)."""
-
-
-@dataclass(slots=True)
-class _InFlight:
-    """A begun batch handed to the parse worker and not yet written."""
-
-    batch: ReplayBatch
-    future: Future
-    worker: ParseWorker
-    submitted: float  # the clock's monotonic time
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,20 +169,13 @@ class SparkWriterActor(pykka.ThreadingActor):
         management_topics: tuple[str, ...] = (),
         reader_health: dict[str, dict] | None = None,
         compaction: CompactionSchedule | None = None,
-        parse_worker: bool = False,
         land_with_arrow: bool = True,
-        parse_helpers: int = 0,
         app_id: str | None = None,
         table_properties: dict[str, str] | None = None,
         group: GroupLanding | None = None,
     ) -> None:
         super().__init__()
         self._group = group
-        # True: batches are parsed in a child process (spark.parse_worker), off this process's
-        # GIL; the writer's thread waits for it with the GIL free for the intake.
-        self._use_parse_worker = parse_worker
-        # Processes the worker starts beside it to build parts of large batches at once.
-        self._parse_helpers = parse_helpers
         # Unless `table_writer` is given: True writes batches with pyarrow
         # (spark.tables.ArrowTableWriter) when the tables are on this disk, else (and False)
         # through Spark jobs (spark.tables.TableWriter).
@@ -218,12 +186,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         # keeps the gateway id it is made from), and the properties of the tables it creates.
         self._app_id = app_id
         self._table_properties = table_properties
-        self._parse_worker: ParseWorker | None = None
-        self._worker_deaths = 0
-        # Batches in the worker's hands, oldest first (PIPELINE_DEPTH), and whether a flush
-        # waited for room among them.
-        self._in_flight: deque[_InFlight] = deque()
-        self._flush_wanted = False
         # None: no lock and no compaction (a writer in a test of its own).
         self._compaction = compaction
         self._writer_lock: WriterLock | None = None
@@ -293,9 +255,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         # while the Spark session starts, they wait here within the credit, and a stop that
         # comes meanwhile still lands them (the supervisor settles the ledger first).
         self._give_credit()
-        if self._use_parse_worker:
-            # Before the Spark session: the child imports pyarrow while the JVM starts.
-            self._start_parse_worker()
         from spark.tables import (
             ArrowTableWriter,
             GroupTableWriter,
@@ -444,57 +403,18 @@ class SparkWriterActor(pykka.ThreadingActor):
 
     def on_stop(self) -> None:
         if self._failed is None:
-            self._land_in_flight()
-            while self._pending and self._retry_timer is None:
-                self._flush()
-                self._land_in_flight()
-        unwritten = [f.batch.batch_id for f in self._in_flight]
+            self._flush()
         if self._failed is not None:
-            unwritten.insert(0, self._failed.batch_id)
-        if unwritten:
             log.warning(
-                "stopping with batch(es) %s unwritten; the next start replays them",
-                ", ".join(map(str, unwritten)),
+                "stopping with batch %d unwritten; the next start replays it",
+                self._failed.batch_id,
             )
         self._close_session()
         self._release_writer_lock()
-        self._stop_parse_worker()
 
     def on_failure(self, exception_type, exception_value, traceback) -> None:
         self._close_session()
         self._release_writer_lock()
-        self._stop_parse_worker()
-
-    def _worker_died(self, error: Exception, batch_id: int) -> None:
-        """The worker died with batch `batch_id` (parsed here instead): a new one for the
-        batches after it, or none after MAX_PARSE_WORKER_DEATHS in a row."""
-        self._worker_deaths += 1
-        self._stop_parse_worker()
-        if self._worker_deaths < MAX_PARSE_WORKER_DEATHS:
-            log.warning("%s; a new parse worker starts and parses batch %d again", error, batch_id)
-            self._start_parse_worker()
-        else:
-            log.error(
-                "%s (%d deaths in a row); batch %d and the ones after it are parsed in the "
-                "writer's thread from now on: the same rows, more CPU in the daemon's process",
-                error,
-                self._worker_deaths,
-                batch_id,
-            )
-
-    @property
-    def parse_worker_pid(self) -> int | None:
-        """The parse worker's process id; None when batches are parsed in this thread."""
-        return None if self._parse_worker is None else self._parse_worker.pid
-
-    def _start_parse_worker(self) -> None:
-        self._parse_worker = ParseWorker(self._build_options, helpers=self._parse_helpers)
-        self._parse_worker.start()
-
-    def _stop_parse_worker(self) -> None:
-        if self._parse_worker is not None:
-            self._parse_worker.stop()
-            self._parse_worker = None
 
     def _release_writer_lock(self) -> None:
         if self._compaction_timer is not None:
@@ -528,8 +448,6 @@ class SparkWriterActor(pykka.ThreadingActor):
             if message.generation == self._generation:
                 self._deadline_timer = None
                 self._flush()
-        elif isinstance(message, _Prepared):
-            self._land_ready()
         elif isinstance(message, ReplayBatch):
             if self._retry_timer is not None:
                 self._replays.append(message)  # after the one that waits, in order
@@ -542,8 +460,6 @@ class SparkWriterActor(pykka.ThreadingActor):
                 log.info("retrying batch %d (attempt %d)", failed.batch_id, self.failures + 1)
                 self._ensure_session()
                 self._write(failed)
-            if self._retry_timer is None:
-                self._land_ready()
             while self._replays and self._retry_timer is None:
                 self._replay(self._replays.popleft())
             if self._retry_timer is None:
@@ -587,7 +503,6 @@ class SparkWriterActor(pykka.ThreadingActor):
     def compact(self, reason: str = "asked"):
         """One maintenance pass (spark/maintenance.py); its result, or None when it could not
         run now."""
-        self._land_in_flight()  # a pass runs between batches, never beside one
         if not self._maintains and self._session is None:
             log.warning(
                 "maintenance pass (%s) skipped: the tables are not ours to maintain", reason
@@ -658,7 +573,6 @@ class SparkWriterActor(pykka.ThreadingActor):
         )
 
     def _replay(self, batch: ReplayBatch) -> None:
-        self._land_in_flight()  # the batches begun before it go first
         if self._retry_timer is not None:
             self._replays.append(batch)
             return
@@ -680,17 +594,13 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._ledger.actor_ref.tell(Grant(TABLE, self._limit, self._limit_bytes))
 
     def _flush(self) -> None:
-        """Begin batches of what waits, each within the batch limits, while there is room in
-        the pipeline; what has none waits (`_flush_wanted`) for the oldest to be written."""
+        """Begin and write batches of what waits, each within the batch limits, one after the
+        other, until a failed one waits for its retry."""
         if self._deadline_timer is not None:
             self._deadline_timer.cancel()
             self._deadline_timer = None
         self._generation += 1
         while self._pending and self._retry_timer is None:
-            if len(self._in_flight) >= PIPELINE_DEPTH:
-                self._flush_wanted = True  # when the oldest is written (_land_ready)
-                return
-            self._flush_wanted = False
             packs = self._pending.take()
             records = tuple(r for p in packs for r in p.records)
             try:
@@ -705,79 +615,19 @@ class SparkWriterActor(pykka.ThreadingActor):
                 self._schedule_retry(None, error, len(records))
                 return
             crash_point("after_batch_begin_before_job")
-            batch = ReplayBatch(batch_id, records, credited=True)
-            if self._pipelined():
-                self._submit(batch)
-            else:
-                self._write(batch)
-
-    # -- the pipeline: Spark writes one batch while the parse worker parses the next ----------
-
-    def _pipelined(self) -> bool:
-        # With claims (field ids) a batch's reads are counted after its claims, so the next
-        # batch cannot start from its counters before it is written: one at a time.
-        return self._parse_worker is not None and not self._claim_reads
-
-    def _submit(self, batch: ReplayBatch) -> None:
-        from spark.parse_worker import After, Committed
-
-        worker = self._parse_worker
-        assert worker is not None
-        # The states after the batch before it: the worker's own, from its prepare (the batch
-        # commits with exactly those), or the committed ones when nothing is in flight.
-        base = (
-            After(self._in_flight[-1].batch.batch_id)
-            if self._in_flight
-            else Committed(self._readers, self._reader_health)
-        )
-        future = worker.submit(batch.records, batch.batch_id, base)
-        self._in_flight.append(_InFlight(batch, future, worker, self._clock.monotonic()))
-        future.add_done_callback(lambda _: tell_unless_dead(self.actor_ref, _Prepared()))
-
-    def _land_ready(self) -> None:
-        """Write the in-flight batches whose parse is done, oldest first, while no retry is
-        due; then the flush that waited for room, if any."""
-        while self._in_flight and self._in_flight[0].future.done():
-            if self._retry_timer is not None:
-                return
-            self._land_oldest()
-        if self._flush_wanted and self._retry_timer is None:
-            self._flush()
-
-    def _land_in_flight(self) -> None:
-        """Write every in-flight batch, waiting for its parse (a stop, a replay, a pass)."""
-        while self._in_flight and self._retry_timer is None:
-            self._land_oldest()
-
-    def _land_oldest(self) -> None:
-        from spark.parse_worker import ChainBroken, ParseWorkerDied
-
-        flight = self._in_flight.popleft()
-        batch = flight.batch
-        try:
-            prepared = flight.future.result(timeout=PARSE_TIMEOUT)
-        except (ParseWorkerDied, ChainBroken, TimeoutError) as error:
-            # The oldest batch starts from the committed states: made again, here or anew.
-            if isinstance(error, ChainBroken):
-                log.info("batch %d parsed again (%s)", batch.batch_id, error)
-            elif flight.worker is self._parse_worker:
-                self._worker_died(error, batch.batch_id)
-            self._write(batch)
-            return
-        self._worker_deaths = 0
-        self._land(batch, prepared, flight.submitted)
+            self._write(ReplayBatch(batch_id, records, credited=True))
 
     # -- one batch --------------------------------------------------------------------------
 
     def _write(self, batch: ReplayBatch) -> None:
-        """Prepare (parse) a batch and land it: one at a time, waiting for the parse."""
+        """Prepare (parse) a batch and land it."""
         started = self._clock.monotonic()
         self._land(batch, self._prepare(batch.records, batch.batch_id), started)
 
     def _land(self, batch: ReplayBatch, prepared: PreparedBatch, started: float) -> None:
         """Write a prepared batch to Spark and commit it in the ledger; on a failure the batch
         waits for its retry (`_failed`), and the batches after it wait behind it."""
-        from spark.parse_worker import count_readers
+        from spark.prepare import count_readers
         from spark.schema import dead_letter_reasons
         from spark.tables import DEAD_LETTERS, EVENTS, READER_EVENTS, READS
 
@@ -880,25 +730,12 @@ class SparkWriterActor(pykka.ThreadingActor):
         self._listener.batch_written(result)
 
     def _prepare(self, records: Sequence, batch_id: int) -> PreparedBatch:
-        """The batch's tables and reader accounting, from the parse worker when there is one,
-        else made here: the same `spark.parse_worker.prepare_batch` either way."""
-        from spark.parse_worker import ParseWorkerDied, prepare_batch
+        """The batch's tables and reader accounting (spark.prepare.prepare_batch), made in this
+        thread: the tag data parse runs in C++ with the GIL free for the intake."""
+        from spark.prepare import prepare_batch
 
-        # With claims (field ids), the reads are counted after them, in _write.
+        # With claims (field ids), the reads are counted after them, in _land.
         readers = None if self._claim_reads else self._readers
-        worker = self._parse_worker
-        if worker is not None:
-            try:
-                prepared = worker.prepare(
-                    records, batch_id, readers, self._reader_health, timeout=PARSE_TIMEOUT
-                )
-            except (ParseWorkerDied, TimeoutError) as error:
-                self._worker_died(error, batch_id)
-                if self._parse_worker is not None:
-                    return self._prepare(records, batch_id)
-            else:
-                self._worker_deaths = 0
-                return prepared
         return prepare_batch(records, batch_id, self._build_options, readers, self._reader_health)
 
     def _ensure_session(self) -> None:

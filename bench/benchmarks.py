@@ -445,7 +445,7 @@ def profile_run(ctx: Context, name: str, take: Callable[[], dict], worker: Gatew
 def _profile_run(ctx: Context, name: str, take: Callable[[], dict], worker: GatewayWorker) -> dict:
     svg = ctx.settings.results_dir / f"{name}-profile.svg"
     raw = ctx.settings.work_dir / f"{name}-profile-gil.txt"
-    # The worker's Python children too: the forward process, the parse worker and its helper.
+    # The worker's Python children too: the forward process, when it has one.
     with py_spy(worker.pid, svg, "flamegraph", ("--subprocesses",)):
         take()
     began = time.monotonic()
@@ -758,8 +758,8 @@ def batched(ctx: Context, batch: int) -> dict:
             **common_setup(1, messages, batch),
             "reads_per_sample": reads,
             "fxgate_config": "defaults (configs/gateway.toml): Spark local[2] (batches written "
-            "by pyarrow), a parse worker and one helper, a batch per 20,000 messages, 8 MiB of "
-            "payloads or 1 s",
+            "by pyarrow, parsed natively in the writer's thread), a batch per 20,000 messages, "
+            "8 MiB of payloads or 1 s",
         },
     )
     fx = used(result, "fxgate")
@@ -787,9 +787,6 @@ def batched(ctx: Context, batch: int) -> dict:
             fx, lambda s: _dig(s, window, "python_threads_cpu_seconds", "SparkWriterActor")
         ),
         "jvm_cpu_seconds": median_of(fx, lambda s: _dig(s, window, "jvm_cpu_seconds")),
-        "parse_worker_cpu_seconds": median_of(
-            fx, lambda s: _dig(s, window, "parse_worker_cpu_seconds") or 0.0
-        ),
         "table_seconds": median_of(fx, lambda s: s["table_seconds"]),
         "ack_seconds": median_of(fx, lambda s: s["ack_seconds"]),
     }
@@ -801,12 +798,10 @@ def batched(ctx: Context, batch: int) -> dict:
     )
     result["bound"] = (
         f"all {reads:,} reads were acked in {c['ack_seconds']:.2f} s but reached the table in "
-        f"{c['table_seconds']:.2f} s: {leg}. In that window the parse worker and its helper "
-        f"used {c['parse_worker_cpu_seconds']:.1f} CPU-s (parsing payloads into Arrow in "
-        "processes of their own, each large batch in two parts at once, the next batch while "
-        "the writer writes one), the SparkWriterActor thread "
-        f"{c['spark_writer_thread_cpu_seconds']:.1f} CPU-s (handing batches over, writing their "
-        f"files with pyarrow and delta-rs: {statistics.median(jobs):.0f} batches per sample), "
+        f"{c['table_seconds']:.2f} s: {leg}. In that window the SparkWriterActor thread used "
+        f"{c['spark_writer_thread_cpu_seconds']:.1f} CPU-s (parsing payloads into Arrow, "
+        "natively, and writing the files with pyarrow and delta-rs: "
+        f"{statistics.median(jobs):.0f} batches per sample), "
         f"the JVM {c['jvm_cpu_seconds']:.1f} CPU-s, and the daemon's process "
         f"{c['fxgate_python_cores']:.2f} cores, all on the same two cores."
     )

@@ -72,17 +72,18 @@ class CpuSnapshot:
         for t in me.threads():
             role = names.get(t.id, "other (py4j/sqlite/native)")
             self.threads[role] = self.threads.get(role, 0.0) + t.user_time + t.system_time
-        # The children: the Spark JVM, and the writer's parse worker (spark.parse_worker; one
-        # per run, reaped at its end: its time then moves into this process's children_*).
+        # The children: the Spark JVM, and the Python ones (the forward process with
+        # `[upstream] process = "own"`; reaped at a run's end, its time then moves into this
+        # process's children_*).
         self.jvm = 0.0
-        self.parse_worker = times.children_user + times.children_system
+        self.python_children = times.children_user + times.children_system
         for child in me.children(recursive=True):
             try:
                 ct = child.cpu_times()
                 if child.name().startswith("java"):
                     self.jvm += ct.user + ct.system
                 else:
-                    self.parse_worker += ct.user + ct.system
+                    self.python_children += ct.user + ct.system
             except psutil.NoSuchProcess:
                 pass
         self.broker = None
@@ -107,7 +108,7 @@ class CpuSnapshot:
             "python_threads_cpu_seconds": threads,
             "jvm_cpu_seconds": round(self.jvm - earlier.jvm, 3),
             "jvm_cores": round((self.jvm - earlier.jvm) / seconds, 3),
-            "parse_worker_cpu_seconds": round(self.parse_worker - earlier.parse_worker, 3),
+            "python_children_cpu_seconds": round(self.python_children - earlier.python_children, 3),
         }
         if self.broker is not None and earlier.broker is not None:
             out["broker_cpu_seconds"] = round(self.broker - earlier.broker, 3)

@@ -62,13 +62,11 @@ instance ids a1 and a2, a data directory each, one `spark.tables_dir`), each in 
 bench.gateway_worker process of its own, on a fresh mosquitto. mosquitto 2.0.11 deals a
 shared group's messages to its members in strict turn (subs.c, `subs__shared_process`), so each
 member acknowledges and lands exactly half; the group's batches are told apart by
-`(landed_by, batch_id)`. Target: the group's p99 <= linger + 2 s (3 s), as latency's. The
-members run with `parse_helpers = 0`: two daemons on two vCPUs have a core each, and a parse
-helper (niced, for the second core a gateway of its own has) only waits there behind the other
-daemon, while its batch waits for it: measured here with the default helper in each, the
-first batches of a sample took 1.6-2.2 s in the writer against 1.4-1.5 s alone, and the p99
-rose to about 3 s. The same group with the default helpers is sampled in every round too
-(`group_helpers`, report only).
+`(landed_by, batch_id)`. Target: the group's p99 <= linger + 2 s (3 s), as latency's. Each
+member parses its batches in its writer's thread, natively (issue 36; before it, a parse
+worker and a niced helper per daemon, which on two daemons sharing two vCPUs waited behind
+the other daemon: the group then ran with `parse_helpers = 0`, and a report-only role sampled
+it with the default helper).
 What this cannot show: the members share one broker, one disk and two vCPUs with the publishers
 and the watcher; no member fails, so the broker re-dispatches nothing there (part 1 stands in
 for that). `--quick` builds a 4-hour "day" (22:00 to 02:00) with a 10-minute tail, lands
@@ -146,9 +144,8 @@ TAIL_SECONDS = {False: round(3600 * _COMPACTION.log_retention_hours), True: 600}
 BULK_BATCHES = {False: 60, True: 300}
 REDISPATCH_SHARE = 0.01
 LANDING_TARGET = 0.5
-# Part 2's contestants: the gateway alone (default settings), the group's two daemons without
-# parse helpers (the target's), and the same two with the default helper each (report only).
-LATENCY_ROLES = ("alone", "group", "group-helpers")
+# Part 2's contestants: the gateway alone and the group's two daemons, default settings.
+LATENCY_ROLES = ("alone", "group")
 GROUP_ENV = {
     "FXGATE__SOURCE__SHARED_SUBSCRIPTION_GROUP": "fxgate",
     "FXGATE__SOURCE__ENVIRONMENT_ID": "env-a",
@@ -833,12 +830,9 @@ def landing_part(ctx: Context) -> dict:
 # -- part 2: publish -> row latency ---------------------------------------------------------------
 
 
-def group_sample(
-    ctx: Context, workers: list[GatewayWorker], rate: float, seconds: float, helpers: int | None
-) -> dict:
-    """Two daemons of one shared group on a fresh mosquitto, each with `helpers` parse helpers
-    (None: the default); `rate` msg/s published for `seconds`; every row's latency, the batch
-    told by `(landed_by, batch_id)`."""
+def group_sample(ctx: Context, workers: list[GatewayWorker], rate: float, seconds: float) -> dict:
+    """Two daemons of one shared group on a fresh mosquitto; `rate` msg/s published for
+    `seconds`; every row's latency, the batch told by `(landed_by, batch_id)`."""
     messages = sample_messages(rate, seconds)
     directory = ctx.next_dir("group-latency")
     seed = ctx.seed()
@@ -851,8 +845,6 @@ def group_sample(
             "FXGATE__SOURCE__INSTANCE_ID": member,
             "FXGATE__SPARK__TABLES_DIR": str(tables),
         }
-        if helpers is not None:
-            overrides["FXGATE__SPARK__PARSE_HELPERS"] = str(helpers)
         landings.append(
             Landing(
                 worker,
@@ -875,7 +867,6 @@ def group_sample(
     shutil.rmtree(directory, ignore_errors=True)
     return {
         "config": "group",
-        "parse_helpers": helpers,
         "load": TARGET_LOAD,
         "rate_requested": rate,
         "rows_landed_by": shares,
@@ -906,11 +897,7 @@ def latency_part(ctx: Context) -> dict:
             ctx,
             [
                 ("alone", lambda: sample(ctx, first, TARGET_LOAD, rate, seconds)),
-                ("group", lambda: group_sample(ctx, [first, second], rate, seconds, 0)),
-                (
-                    "group-helpers",
-                    lambda: group_sample(ctx, [first, second], rate, seconds, None),
-                ),
+                ("group", lambda: group_sample(ctx, [first, second], rate, seconds)),
             ],
             lambda s: 1000 * s["latency"]["p99"],
             rounds=1 if quick else ctx.settings.rounds,
@@ -924,12 +911,11 @@ def latency_part(ctx: Context) -> dict:
             "default" if role == "alone" else role,
             TARGET_LOAD,
             rate,
-            None if role == "group-helpers" else target,
+            target,
         )
         for role in LATENCY_ROLES
     }
     for role, level in levels.items():
-        level["parse_helpers"] = [s.get("parse_helpers") for s in used if s["role"] == role]
         level["rows_landed_by"] = [
             s.get("rows_landed_by") for s in used if s["role"] == role and "rows_landed_by" in s
         ]
@@ -939,8 +925,6 @@ def latency_part(ctx: Context) -> dict:
         "seconds_per_sample": seconds,
         "alone": levels["alone"],
         "group": levels["group"],
-        # The group with the default parse helper in each daemon: report only (see the module).
-        "group_helpers": levels["group-helpers"],
         "target": {
             "kind": "p99_at_most",
             "value": target,
@@ -990,13 +974,11 @@ def _latency_text(latency: dict) -> str:
     if "error" in latency:
         return f"latency part failed: {latency['error']}"
     alone, group = latency["alone"], latency["group"]
-    helpers = latency["group_helpers"]
     return (
         f"publish -> row at {TARGET_LOAD:.0%} ({latency['rate']:,.0f} msg/s) p50 / p99: alone "
-        f"{alone['p50_median']:.2f} / {alone['p99_median']:.2f} s, group (parse_helpers = 0) "
+        f"{alone['p50_median']:.2f} / {alone['p99_median']:.2f} s, group "
         f"{group['p50_median']:.2f} / {group['p99_median']:.2f} s (target p99 <= "
-        f"{latency['target']['value']:g} s); the group with a parse helper in each daemon "
-        f"{helpers['p50_median']:.2f} / {helpers['p99_median']:.2f} s (report only)"
+        f"{latency['target']['value']:g} s)" + _helpers_text(latency)
     )
 
 
@@ -1052,11 +1034,7 @@ def bound(result: dict) -> str:
             f"{group_level['rows_per_batch_median'] or 0:,.0f} rows per batch "
             f"(writer's turn {group_level['job_seconds_median'] or 0:.2f} s median) against "
             f"{latency['alone']['rows_per_batch_median'] or 0:,.0f} "
-            f"({latency['alone']['job_seconds_median'] or 0:.2f} s) alone. With a parse "
-            "helper in each daemon (the default), the four parse processes and the two daemons "
-            f"shared the {os.cpu_count()} vCPUs: the helpers (niced) built their parts of a batch "
-            "late, and the batch waited for them (p99 "
-            f"{latency['group_helpers']['p99_median']:.2f} s; report only)."
+            f"({latency['alone']['job_seconds_median'] or 0:.2f} s) alone."
         )
     return text
 
@@ -1126,7 +1104,7 @@ def rows(result: dict) -> list[list[str]]:
             f"publish → row visible, QoS 1 single reads at {TARGET_LOAD:.0%} of the ingest "
             f"ceiling ({latency['ceiling']['messages_per_second']:,.0f} msg/s): "
             f"{latency['rate']:,.0f} msg/s asked; baseline: one gateway; fxgate: 2 daemons of "
-            "one shared group on the same 2 vCPUs, one table, `parse_helpers = 0`"
+            "one shared group on the same 2 vCPUs, one table"
             + _helpers_text(latency)
             + "; p50 / p99",
             f"{alone['p50_median']:.2f} s / {alone['p99_median']:.2f} s",
@@ -1141,12 +1119,15 @@ def rows(result: dict) -> list[list[str]]:
 
 
 def _helpers_text(latency: dict) -> str:
-    """The report-only group with parse helpers, where the result has it (runs before it
-    sampled the group with the default helpers only)."""
+    """The report-only group with a parse helper per daemon, in results from before issue 36
+    (which removed the parse worker and its helpers; their group ran with `parse_helpers = 0`)."""
     helpers = latency.get("group_helpers")
     if helpers is None:
         return ""
-    return f" (with the default helper each: p99 {helpers['p99_median']:.2f} s)"
+    return (
+        f" (parse_helpers = 0; with the default helper each: p99 {helpers['p99_median']:.2f} s, "
+        "report only)"
+    )
 
 
 def plot(results_dir: Path, result: dict) -> Path:

@@ -1,20 +1,22 @@
-"""Where a batch is parsed: the writer's thread, the parse worker, or Spark (issue 16).
+"""Where and how a batch is parsed: natively in the writer's thread, by the Python parser alone,
+or by Spark (issues 16 and 36).
 
 The same batches (20,000 reads each, of single-read messages and of 50-event FX9600 arrays, from
 the simulator) are parsed and written to the `reads` table three ways, in alternating rounds, by
 one process holding one local[2] Spark session:
-- `thread`: `spark.parse_worker.prepare_batch` in the calling thread (the writer before issue 16,
-  and its fallback), then the TableWriter;
-- `worker`: the same in the parse worker's child process, one batch at a time;
-- `pipelined`: the worker parses the next batch while Spark writes one, as the daemon's writer
-  does (actors/writer.py, PIPELINE_DEPTH);
+- `thread`: `spark.prepare.prepare_batch` in the calling thread, the tag data parsed in C++ by
+  pyarrow's JSON reader (spark.zebra_arrow), as the daemon's writer does, then the TableWriter;
+- `python`: the same batch built by the Python parser alone (`build_batch(..., native=False)`:
+  the writer before issue 36, and the judge of what the native path hands back);
 - `spark`: the raw records handed to Spark as Arrow columns, parsed by `mapInArrow` in Spark's
-  own Python workers with the same parser, and written from there. This is the issue's first
+  own Python workers with the same parser, and written from there. This is issue 16's first
   design, measured at its most favourable: only the `reads` rows come out of the job (dead
   letters, reader events and the readers' counters would need more jobs or a collect).
 Per way: reads/s into the table, and the calling process's CPU per 1,000 messages (what the
-daemon's interpreter lock would carry; Spark's Python workers and the parse worker are other
-processes). The `spark` way needs pandas (pyspark's Arrow UDFs import it): the bench extra pins it.
+daemon's interpreter would carry; Spark's Python workers are other processes). Issue 16's parse
+worker (a child process parsing beside the daemon) is gone: with the native parse, one
+interpreter did the batches with less CPU than two (`footprint` benchmark). The `spark` way
+needs pandas (pyspark's Arrow UDFs import it): the bench extra pins it.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from bench.benchmarks import Benchmark, Context
 
 NAME = "parse-where"
-WAYS = ("thread", "worker", "pipelined", "spark")
+WAYS = ("thread", "python", "spark")
 BATCH_READS = 20_000
 BATCHES = {False: 12, True: 4}
 ROUNDS = {False: 3, True: 1}
@@ -105,7 +107,8 @@ def _spark_parse(spark, tables_dir: str, batch_id: int, records: list) -> None:
 
 
 def parse_where(ctx: Context) -> dict:
-    from spark.parse_worker import After, BuildOptions, Committed, ParseWorker, prepare_batch
+    from spark.prepare import BuildOptions, prepare_batch
+    from spark.schema import build_batch
     from spark.session import build_session, stop_session
     from spark.tables import READS, TableWriter
 
@@ -113,8 +116,6 @@ def parse_where(ctx: Context) -> dict:
     os.environ["PYSPARK_PYTHON"] = sys.executable
     directory = ctx.next_dir(NAME)
     session = build_session("local[2]", directory / "spark")
-    worker = ParseWorker(BuildOptions())
-    worker.start()
     samples: dict[str, dict[str, list[dict]]] = {}
     try:
         tables_dir = directory / "tables"
@@ -122,21 +123,8 @@ def parse_where(ctx: Context) -> dict:
         batch_id = 0
 
         def write_all(way: str, batches: list[list]) -> None:
-            nonlocal batch_id
-            if way != "pipelined":
-                for records in batches:
-                    write(way, records)
-                return
-            first = batch_id + 1
-            futures = [worker.submit(batches[0], first, Committed({}, {}))]
-            for index in range(len(batches)):
-                if index + 1 < len(batches):
-                    futures.append(
-                        worker.submit(batches[index + 1], first + index + 1, After(first + index))
-                    )
-                prepared = futures[index].result()
-                writer.write_batch(first + index, {READS: prepared.tables.reads})
-            batch_id = first + len(batches) - 1
+            for records in batches:
+                write(way, records)
 
         def write(way: str, records: list) -> None:
             nonlocal batch_id
@@ -145,10 +133,10 @@ def parse_where(ctx: Context) -> dict:
                 _spark_parse(session, str(tables_dir), batch_id, records)
                 return
             if way == "thread":
-                prepared = prepare_batch(records, batch_id, BuildOptions(), {}, {})
+                reads = prepare_batch(records, batch_id, BuildOptions(), {}, {}).tables.reads
             else:
-                prepared = worker.prepare(records, batch_id, {}, {})
-            writer.write_batch(batch_id, {READS: prepared.tables.reads})
+                reads = build_batch(records, batch_id, native=False).reads
+            writer.write_batch(batch_id, {READS: reads})
 
         for events in SHAPES:
             batches = _batches(events, BATCHES[ctx.settings.quick])
@@ -174,7 +162,6 @@ def parse_where(ctx: Context) -> dict:
                         flush=True,
                     )
     finally:
-        worker.stop()
         stop_session(session)
     medians = {
         events: {
@@ -191,7 +178,7 @@ def parse_where(ctx: Context) -> dict:
         "kind": "fxgate-bench",
         "module": "bench.parse_where",
         "name": NAME,
-        "title": "where a batch is parsed: the writer's thread, the parse worker, or Spark",
+        "title": "where a batch is parsed: natively in the writer's thread, in Python, or by Spark",
         "unit": "reads/s",
         "setup": {
             "batch_reads": BATCH_READS,
@@ -216,7 +203,7 @@ def rows(result: dict) -> list[list[str]]:
     table = []
     for events, ways in result["medians"].items():
         thread = ways["thread"]
-        for way in ("worker", "pipelined", "spark"):
+        for way in WAYS[1:]:
             mine = ways[way]
             table.append(
                 [
@@ -224,12 +211,11 @@ def rows(result: dict) -> list[list[str]]:
                     f"the same {result['setup']['batch_reads']:,}-read batches of "
                     f"{events} event(s)/message into `reads`, parsed "
                     + {
-                        "worker": "by the parse worker (a child process), one batch at a time",
-                        "pipelined": "by the parse worker, the next batch while Spark writes "
-                        "one (the daemon's writer)",
+                        "python": "by the Python parser alone (the writer before issue 36)",
                         "spark": "by Spark (`mapInArrow`, reads only: its most favourable case)",
                     }[way]
-                    + "; baseline: parsed in the calling thread. In brackets: the calling "
+                    + "; baseline: parsed natively in the calling thread (the writer). In "
+                    "brackets: the calling "
                     "process's CPU per 1,000 messages",
                     f"{thread['reads_per_second']:,.0f} reads/s "
                     f"({thread['cpu_ms_per_1000_messages']:.1f} ms)",

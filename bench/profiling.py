@@ -29,8 +29,6 @@ _PROCESS = re.compile(r'process \d+:"(?P<cmdline>.*?)";(?=process \d+:"|thread \
 # The daemon's Python children, by what their command line runs.
 _CHILDREN = {
     "actors.forward_process": "forward process",
-    "spark.parse_worker --part": "parse helper",
-    "spark.parse_worker": "parse worker",
 }
 
 

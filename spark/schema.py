@@ -24,7 +24,7 @@ import json
 import logging
 import operator
 from collections.abc import Callable, Collection, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -228,12 +228,6 @@ class BatchTables:
     reader_events: pa.Table = field(default_factory=READER_EVENTS_SCHEMA.empty_table)
     # Each reader's messages in arrival order, for spark.reader_health (not a table).
     observations: tuple[ReaderObservation, ...] = ()
-    # Only for a part of a batch (build_batch's `part`, joined by `join_parts`): the readers
-    # that sent a valid message in it, and the bad payloads' observations it could not decide
-    # (their reader neither known nor valid before them in the part), each with the index in
-    # `observations` it goes before if a part before it proves the reader valid.
-    valid_readers: frozenset[str] = frozenset()
-    deferred: tuple[tuple[int, ReaderObservation], ...] = ()
 
 
 Parser = Callable[[bytes], tuple[TagRead, ...]]
@@ -249,7 +243,6 @@ def build_batch(
     max_reads: int = DEFAULT_MAX_READS,
     management_filters: tuple[str, ...] = (),
     known_readers: Collection[str] = frozenset(),
-    part: bool = False,
     native: bool = True,
 ) -> BatchTables:
     """Parse every record: one `reads` row per tag read, one `dead_letters` row per bad message,
@@ -261,8 +254,7 @@ def build_batch(
     management envelope (spark.zebra.management_event_in). `observations` lists each reader's
     data messages and management events in record order (spark.reader_health); a bad payload
     counts as a data message only from a reader that sent a valid one, in this batch or before
-    (`known_readers`). With `part`, the records are a run of a batch's records that `join_parts`
-    joins to the others: what depends on the runs before it is left to the join.
+    (`known_readers`).
 
     Rows come in record order, then read order within a message, so the same records always give
     identical tables. `read_key` names each read (its `message_id`; persistence.keys.READ_KEYS).
@@ -296,7 +288,6 @@ def build_batch(
     # payload counts as a data message received only from these (junk on some topic is not a
     # reader whose silence anyone should be told about).
     valid_readers: set[str] = set()
-    deferred: list[tuple[int, ReaderObservation]] = []
     message_id: list[str] = []
     topic: list[str] = []
     reader_id: list[str] = []
@@ -408,8 +399,6 @@ def build_batch(
                 if not reason:
                     valid_readers.add(safe_reader)
                 observations.append(observation)
-            elif part:
-                deferred.append((len(observations), observation))
         if reason:
             payload = bytes(record.payload)
             if len(payload) > max_payload_bytes:
@@ -507,8 +496,6 @@ def build_batch(
         events=_events_table(events, batch_id),
         reader_events=_reader_events_table(management, batch_id),
         observations=tuple(observations),
-        valid_readers=frozenset(valid_readers) if part else frozenset(),
-        deferred=tuple(deferred),
     )
 
 
@@ -647,37 +634,6 @@ def _with_native_rows(
     order = pa.array(position + per_read(batch.positions, pa.int64()).to_pylist(), pa.int64())
     both = pa.concat_tables([reads_table, native_table])
     return both.take(pc.sort_indices(order))
-
-
-def join_parts(parts: Sequence[BatchTables]) -> BatchTables:
-    """The batch whose records are the parts' records in order, each part built by
-    `build_batch(..., part=True)` with the same batch id and known readers: equal to building
-    it whole (tests/spark/test_schema.py compares the two at every split).
-
-    The tables are the parts' rows one after the other. A part's deferred observation (a bad
-    payload from a reader it did not know) is kept where it was if an earlier part proves the
-    reader valid, as building the batch whole would have found."""
-    if len(parts) == 1:
-        (only,) = parts
-        return replace(only, valid_readers=frozenset(), deferred=())
-    observations: list[ReaderObservation] = []
-    valid: set[str] = set()
-    for built in parts:
-        kept = [(index, seen) for index, seen in built.deferred if seen.reader_id in valid]
-        start = 0
-        for index, seen in kept:
-            observations += built.observations[start:index]
-            observations.append(seen)
-            start = index
-        observations += built.observations[start:]
-        valid |= built.valid_readers
-    return BatchTables(
-        reads=pa.concat_tables([built.reads for built in parts]),
-        dead_letters=pa.concat_tables([built.dead_letters for built in parts]),
-        events=pa.concat_tables([built.events for built in parts]),
-        reader_events=pa.concat_tables([built.reader_events for built in parts]),
-        observations=tuple(observations),
-    )
 
 
 def _parse_event(payload: bytes) -> dict:

@@ -19,6 +19,13 @@ also ships them to a cluster's executors, and registers Delta's SQL extension an
 missing jar stops the start before any JVM is launched (`DeltaJarsMissing`); nothing is ever
 downloaded at run time.
 
+Spark is an extra of the install (`pip install 'fxgate[spark]'`, `make spark`): the daemon lands
+with delta-rs and never needs it unless it lands through Spark (a cluster, `landing = "spark"`),
+and only `fxgate sql`, `audit` and the commands on tables that only Spark reaches start a session.
+So this module imports pyspark only when a session starts or stops (0.15 s and 9 MiB that the
+daemon paid at every start when its supervisor imported this module), and `check_spark` says,
+before any import of it, what is missing and how to install it (`SparkNotInstalled`).
+
 `stop_session` stops the SparkContext *and* the JVM: `SparkSession.stop()` alone leaves the py4j
 gateway JVM running for the life of the Python process, and a daemon that restarts its Spark
 writer would otherwise pile up JVMs.
@@ -26,9 +33,11 @@ writer would otherwise pile up JVMs.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import logging
 import os
+import shutil
 import sys
 import time
 import warnings
@@ -36,12 +45,13 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from subprocess import TimeoutExpired
 from types import MappingProxyType
-
-from pyspark import SparkContext
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING
 
 from spark import cds
 from spark.location import is_local_master
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 logger = logging.getLogger(__name__)
 
@@ -142,17 +152,74 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-class DeltaJarsMissing(RuntimeError):
-    """Delta Lake's jars are not where the session looks for them."""
+# What to do when a piece is missing, said by every command that needs a Spark session.
+INSTALL_SPARK = (
+    "install Spark beside fxgate: `make spark` in fxgate's checkout (pyspark and delta-spark "
+    "into its virtualenv, a Java runtime with apt, Delta Lake's jars from Maven Central), or "
+    "by hand `pip install 'fxgate[spark]'`, a Java 17 runtime (Debian: openjdk-17-jre-headless) "
+    f"and Delta Lake's jars in the directory {JARS_DIR_VARIABLE} names (docs: tables/spark)"
+)
+
+
+class SparkNotInstalled(RuntimeError):
+    """Something a Spark session needs is not installed: `missing` names each piece."""
+
+    def __init__(self, missing: Sequence[str]) -> None:
+        self.missing = tuple(missing)
+        super().__init__(
+            f"Spark is not installed here (missing: {'; '.join(self.missing)}); {INSTALL_SPARK}"
+        )
+
+
+class DeltaJarsMissing(SparkNotInstalled):
+    """Delta Lake's jars are not where the session looks for them (the rest of Spark is there);
+    `missing` names the jars."""
 
     def __init__(self, missing: Sequence[str], directory: Path) -> None:
+        RuntimeError.__init__(
+            self,
+            f"Delta Lake jar(s) missing from {directory}: {', '.join(missing)}; run "
+            f"`make spark` (or `make deps`) in fxgate's checkout to fetch them there, or set "
+            f"{JARS_DIR_VARIABLE} to a directory that holds them",
+        )
         self.missing = tuple(missing)
         self.directory = directory
-        super().__init__(
-            f"Delta Lake jar(s) missing from {directory}: {', '.join(self.missing)}; run "
-            f"`make deps` (or `make`) to fetch them there, or set {JARS_DIR_VARIABLE} to a "
-            "directory that holds them"
+
+
+def java_runtime() -> str | None:
+    """The `java` a Spark session would launch, as pyspark finds it: `$JAVA_HOME/bin/java`
+    when JAVA_HOME is set, else the first on the PATH; None when there is none."""
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        java = Path(home, "bin", "java")
+        return str(java) if os.access(java, os.X_OK) else None
+    return shutil.which("java")
+
+
+def check_spark(jars_dir: str | Path | None = None) -> list[Path]:
+    """Delta Lake's jars (as `delta_jars`) once everything a Spark session needs is here:
+    pyspark, delta-spark, a Java runtime and the jars. Looks, imports nothing: raises
+    SparkNotInstalled naming every missing piece, or DeltaJarsMissing when only the jars are."""
+    missing = [
+        f"{package} (Python package)"
+        for package, module in (("pyspark", "pyspark"), ("delta-spark", "delta"))
+        if importlib.util.find_spec(module) is None
+    ]
+    if java_runtime() is None:
+        missing.append(
+            "a Java runtime (no $JAVA_HOME/bin/java)"
+            if os.environ.get("JAVA_HOME")
+            else "a Java runtime (no `java` on the PATH)"
         )
+    try:
+        jars = delta_jars(jars_dir)
+    except DeltaJarsMissing as error:
+        if not missing:
+            raise
+        missing.append(f"Delta Lake's jars {', '.join(error.missing)} in {error.directory}")
+    if missing:
+        raise SparkNotInstalled(missing)
+    return jars
 
 
 def delta_jars(jars_dir: str | Path | None = None) -> list[Path]:
@@ -188,14 +255,17 @@ def build_session(
     `class_data_archive`: the JVM maps that class data archive (spark/cds.py; "auto": the one
     `make` wrote, if any; None or "": none). `java_options` are added to the driver JVM's.
     `jars_dir`: where Delta's jars are (`delta_jars`; None: ${FXGATE_DELTA_JARS}, else the
-    install's); raises DeltaJarsMissing, before any JVM starts, when one is not there.
+    install's). Raises SparkNotInstalled (DeltaJarsMissing when only jars are missing) before
+    any JVM starts and before pyspark is imported, when something Spark needs is not here.
     Entries of `conf` are applied last, so they override every default set here (overriding
     `spark.driver.extraJavaOptions` drops the quiet log4j config, the private tmpdir and the
     class data archive; overriding `spark.jars` or `spark.sql.extensions` drops Delta).
     Only one session per process: a second call returns the running session with
     `conf` applied only where Spark allows changing it at run time.
     """
-    jars = delta_jars(jars_dir)
+    jars = check_spark(jars_dir)
+    from pyspark.sql import SparkSession  # only now: see the module's docstring
+
     local = is_local_master(master)
     loopback = master_on_loopback(master)
     if local or loopback:
@@ -322,6 +392,11 @@ def stop_session(session: SparkSession | None, exit_timeout: float = _JVM_EXIT_T
     in the same process starts a fresh JVM. `exit_timeout`: seconds the JVM has to exit once
     told to, before it is killed.
     """
+    if session is None and "pyspark" not in sys.modules:
+        return  # no session was ever started here: nothing to stop, and no pyspark to import
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
     if session is not None:
         context = session.sparkContext
         if getattr(context, "_jsc", None) is not None:
@@ -366,3 +441,16 @@ def stop_session(session: SparkSession | None, exit_timeout: float = _JVM_EXIT_T
         proc.kill()
         proc.wait()
     logger.info("Spark session stopped")
+
+
+def __getattr__(name: str) -> object:
+    # `spark.session.SparkSession` and `.SparkContext` as before, imported when first asked for.
+    if name == "SparkSession":
+        from pyspark.sql import SparkSession
+
+        return SparkSession
+    if name == "SparkContext":
+        from pyspark import SparkContext
+
+        return SparkContext
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

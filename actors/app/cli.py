@@ -52,6 +52,22 @@ def _apply_store_credentials(config: Config) -> None:
     log.info("store credentials: %s from %s", ", ".join(names), path)
 
 
+def _require_spark(command: str, why: str, instead: str | None = None) -> None:
+    """Exit 2 saying what to install when something a Spark session needs (pyspark,
+    delta-spark, a Java runtime, Delta Lake's jars: the `spark` extra, `make spark`) is not
+    installed; `instead`, a line on what does without. Looked up without importing pyspark,
+    before the command imports anything of it: a light install (`make install`) has none."""
+    from spark.session import SparkNotInstalled, check_spark
+
+    try:
+        check_spark()
+    except SparkNotInstalled as error:
+        click.echo(f"fxgate {command}: {why}: {error}", err=True)
+        if instead:
+            click.echo(f"fxgate {command}: {instead}", err=True)
+        sys.exit(2)
+
+
 class _SparkFailed(Exception):
     """A Spark failure, its message already read (the JVM may be gone by the time it is shown)."""
 
@@ -369,43 +385,40 @@ def dead_letters_replay(
 )
 @no_progress_option
 def report(config_path: Path | None, manifest: Path, no_progress: bool) -> None:
-    """Compare the reads table (through Spark; on an object store, with delta-rs) with what a
-    simulation published."""
+    """Compare the reads table with what a simulation published: read with delta-rs (no JVM)
+    on this disk or an object store, through Spark where only Spark reaches it (`hdfs://`,
+    `s3a://`)."""
     from actors.devtools.simulate import expected_read_ids, read_manifest
-    from spark.location import object_store
+    from spark.location import delta_location, object_store
     from spark.report import compare, landed_ids_arrow, landed_ids_spark
-    from spark.session import DeltaJarsMissing, stop_session
 
     config = _load(config_path)
     progress = _progress(no_progress)
     tables = config.spark.tables_path(config.gateway.data_path)
-    # Tables on an object store are read by delta-rs, which reaches them (Spark here does not).
+    through_spark = delta_location(tables) is None
+    if through_spark:
+        _require_spark("report", f"{tables} is read through Spark")
     store = object_store(tables)
-    try:
-        with progress.start("report", 4, counts=("rows",), note="reading the manifest"):
-            expected = expected_read_ids(read_manifest(manifest))
-            if store is not None:
-                progress.advance(2, note=f"reading the reads table on {store} with delta-rs")
-                ids, readers = landed_ids_arrow(tables)
-            else:
-                progress.advance(1, note="starting Spark")
-                session = command_session(config, "report")
-                progress.advance(1, note="reading the reads table through Spark")
-                try:
-                    ids, readers = landed_ids_spark(session, tables)
-                finally:
-                    stop_session(session)
-            progress.advance(1, rows=len(ids), note="comparing")
-            result = compare(expected, ids, readers)
-            progress.advance(1)
-    except DeltaJarsMissing as error:
-        click.echo(f"fxgate report: {error}", err=True)
-        sys.exit(2)
-    click.echo(
-        "reads table, read back through Spark:"
-        if store is None
-        else f"reads table on {store}, read back with delta-rs:"
-    )
+    table = "reads table" if store is None else f"reads table on {store}"
+    with progress.start("report", 4, counts=("rows",), note="reading the manifest"):
+        expected = expected_read_ids(read_manifest(manifest))
+        if not through_spark:
+            progress.advance(2, note=f"reading the {table} with delta-rs")
+            ids, readers = landed_ids_arrow(tables)
+        else:
+            from spark.session import stop_session
+
+            progress.advance(1, note="starting Spark")
+            session = command_session(config, "report")
+            progress.advance(1, note="reading the reads table through Spark")
+            try:
+                ids, readers = landed_ids_spark(session, tables)
+            finally:
+                stop_session(session)
+        progress.advance(1, rows=len(ids), note="comparing")
+        result = compare(expected, ids, readers)
+        progress.advance(1)
+    click.echo(f"{table}, read back {'through Spark' if through_spark else 'with delta-rs'}:")
     for line in result.lines():
         click.echo(line)
     click.echo("EXACT: every published read landed once" if result.exact else "MISMATCH")
@@ -430,12 +443,14 @@ def audit(
     heartbeat counters reconciled with the data messages in the table.
 
     Exit status 0 when nothing is missing, 1 when something is, 2 when it could not audit."""
+    config = _load(config_path)
+    _require_spark("audit", "could not audit: the audit runs Spark")
+    # Imported once Spark is known to be installed: they import pyspark.
     from spark.audit import AuditError, audit_tables, check_tables_dir
     from spark.location import parse_location
     from spark.reconcile import reconcile_tables
     from spark.session import stop_session
 
-    config = _load(config_path)
     try:
         locations = [parse_location(text) for text in tables_dirs] or [
             config.spark.tables_path(config.gateway.data_path)
@@ -498,7 +513,16 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
     before it runs.
 
     Exit status 0 when the query ran, 1 when it was refused or Spark failed it, 2 when no query
-    could run (no tables directory, a table unreadable, Spark did not start)."""
+    could run (no tables directory, a table unreadable, Spark not installed or did not start)."""
+    if not query.strip():
+        raise click.UsageError("the query is empty")
+    config = _load(config_path)
+    _require_spark(
+        "sql",
+        "cannot query: it runs Spark SQL",
+        "without Spark, DuckDB, Polars and pandas read the tables (docs: tables/reading)",
+    )
+    # Imported once Spark is known to be installed: they import pyspark.
     from py4j.protocol import Py4JJavaError
     from pyspark.errors import PySparkException
 
@@ -514,9 +538,6 @@ def sql(config_path: Path | None, query: str, as_json: bool, limit: int) -> None
         run_query,
     )
 
-    if not query.strip():
-        raise click.UsageError("the query is empty")
-    config = _load(config_path)
     tables_dir = config.spark.tables_path(config.gateway.data_path)
     # pyspark logs each failed query's whole JVM stack as an ERROR line; the error is ours to say.
     logging.getLogger("SQLQueryContextLogger").setLevel(logging.CRITICAL)
@@ -607,7 +628,6 @@ def demo(
     from actors.devtools.demo import run_demo
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    logging.getLogger("py4j").setLevel(logging.WARNING)
     sys.exit(
         run_demo(
             workdir,

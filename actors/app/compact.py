@@ -121,9 +121,15 @@ def _refuse_legacy_layout(tables: Path) -> None:
 
 
 def _spark_pass(config: Config, location, progress: ProgressReporter) -> str:
-    """Remote tables: the pass through delta-spark (the daemon's own passes run the same way)."""
+    """Remote tables: the pass through delta-spark (the daemon's own passes run the same way);
+    refused, saying what to install, where Spark is not installed."""
     from spark.maintenance import SparkMaintainer
-    from spark.session import stop_session
+    from spark.session import SparkNotInstalled, check_spark, stop_session
+
+    try:
+        check_spark()
+    except SparkNotInstalled as error:
+        raise CompactRefused(f"{location} is maintained through Spark: {error}") from None
 
     with progress.start("compact", unit="tables", counts=("files",), note="starting Spark"):
         session = command_session(config, "compact")

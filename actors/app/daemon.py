@@ -36,7 +36,7 @@ from actors.supervisor import ActorCrashed, Supervisor
 from persistence.database import SchemaTooNew, check_versions
 from persistence.permissions import private_directory
 from persistence.storage_faults import corrupt_files
-from spark.location import delta_location, local_path
+from spark.location import delta_location, is_local_master, local_path
 
 log = logging.getLogger(__name__)
 
@@ -51,8 +51,9 @@ EXIT_CORRUPT_DATABASE = 4
 # A database file was written by a newer fxgate (DESIGN §7.11): refused and left as it is, like
 # a bad configuration (exit 2), which a service manager must not retry either.
 EXIT_SCHEMA_TOO_NEW = 2
-# Delta Lake's jars are not installed and this configuration needs a Spark session (`landing =
-# "spark"`): an install problem that no restart mends (`make` fetches them).
+# This configuration lands through Spark (a cluster master, `landing = "spark"`) and Spark is not
+# installed (pyspark, delta-spark, a Java runtime, Delta Lake's jars: `make spark`): an install
+# problem that no restart mends.
 EXIT_NOT_INSTALLED = 2
 # The tables directory holds another shared group's tables, or a group's while this gateway is
 # alone (spark.tables.check_group): a configuration problem, which no restart mends.
@@ -262,17 +263,21 @@ class Gateway:
         local = local_path(location)
         if local is not None and not any(local.glob("*/_delta_log")):
             return None  # without importing pyarrow and delta-rs: the writer does, in its thread
+        from deltalake.exceptions import DeltaError
+
         from spark.tables import TablesOfAnotherGroup, check_group
 
         try:
             adopted = check_group(tables, self.config.group_tables)
         except TablesOfAnotherGroup as error:
             return str(error)
-        except OSError as error:
+        except (OSError, DeltaError) as error:
             if local is not None:
                 raise
-            # The store is down or refuses: the reads wait in the ledger meanwhile, and a
-            # start must not wait for the store (the writer retries its writes until it can).
+            # The store is down or refuses (delta-rs says so with an OSError or, opening a
+            # table whose log it has just listed, a DeltaError): the reads wait in the ledger
+            # meanwhile, and a start must not wait for the store (the writer retries its
+            # writes until it can).
             first = (str(error).strip().splitlines() or [type(error).__name__])[0]
             log.warning(
                 "could not check whose tables %s are (%s); starting without that check: the "
@@ -286,6 +291,15 @@ class Gateway:
                 "tables %s are group %s's from now on", ", ".join(adopted), self.config.group_tables
             )
         return None
+
+    def _landing(self) -> str:
+        """Why this configuration needs a Spark session, in its own keys."""
+        spark = self.config.spark
+        if spark.landing == "spark":
+            return '[spark] landing = "spark"'
+        if not is_local_master(spark.master):
+            return f"[spark] master = {spark.master!r}"
+        return f"[spark] tables_dir = {spark.tables_dir!r} (only Spark reaches it)"
 
     def run(self) -> int:
         cfg = self.config.gateway
@@ -302,13 +316,14 @@ class Gateway:
             log.critical("not starting: %s", refused)
             return EXIT_TABLES_OF_ANOTHER_GROUP
         if not self.config.spark.lands_with_arrow:
-            # The writer would start its Spark session in a restart loop; say it once, now.
-            from spark.session import DeltaJarsMissing, delta_jars
+            # The writer would start its Spark session in a restart loop; say it once, now,
+            # with what to install (a light install has no Spark: setup.cfg's `spark` extra).
+            from spark.session import SparkNotInstalled, check_spark
 
             try:
-                delta_jars()
-            except DeltaJarsMissing as error:
-                log.critical("not starting: %s", error)
+                check_spark()
+            except SparkNotInstalled as error:
+                log.critical("not starting: %s lands through Spark: %s", self._landing(), error)
                 return EXIT_NOT_INSTALLED
         code = 0
         if self.metrics is not None:

@@ -24,10 +24,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
-from tqdm import tqdm
-from tqdm.contrib.logging import logging_redirect_tqdm
+if TYPE_CHECKING:
+    from tqdm import tqdm
 
 # Seconds between plain lines: often enough to show a command is alive, rarely enough to read.
 DEFAULT_INTERVAL = 5.0
@@ -110,6 +110,11 @@ class ProgressReporter:
         self._started = self._last_line = self._clock()
         self._active = True
         if self._on_terminal():
+            # Only here: the daemon's writer makes a reporter at every start (to the log, never
+            # a bar), and `fxgate run` need not import tqdm for that.
+            from tqdm import tqdm
+            from tqdm.contrib.logging import logging_redirect_tqdm
+
             # Log records (compact logs each table) are written above the bar, not through it.
             self._redirect.enter_context(logging_redirect_tqdm())
             self._bar = tqdm(

@@ -731,22 +731,17 @@ class SparkConfig(_Section):
     """Memory of the Spark driver's JVM."""
     # spark/cds.py.
     class_data_archive: str = "auto"
-    """The class data archive a Spark JVM maps, written by `make` at install, so that Spark is
-    ready in about 3 s instead of 4 to 6: `auto`, the install's archive when there is one; a
+    """The class data archive a Spark JVM maps, written by `make spark` with Spark, so that Spark
+    is ready in about 3 s instead of 4 to 6: `auto`, the install's archive when there is one; a
     path, another archive; `""`, none. A JVM that cannot use it starts without it and logs a
     WARNING."""
-    # spark/parse_worker.py.
-    parse_worker: bool = True
-    """Parse each batch in a child process, on the second core, leaving the daemon's interpreter
-    to the intake: the daemon's own CPU per message falls to about a tenth. `false` parses in
-    the writer's thread. The parser is the same; a worker that dies is restarted and its batch
-    parsed in the daemon meanwhile."""
-    parse_helpers: int = Field(1, ge=0, le=7)
-    """Processes the parse worker starts beside it: a batch of 1 MiB of payloads or more is
-    built in parts, one in each process at once, then joined into the same rows. 1 uses the
-    second core; 0: the worker builds each batch alone. Set 0 where several daemons share the
-    box's cores (two members of a group on one 2-core machine): there a helper finds no free
-    core, and its batch waits for it (`group-landing` benchmark)."""
+    parse_worker: bool | None = None
+    """No longer used (batches were parsed in a child process; the writer's thread now parses
+    them in C++ with the GIL released, in the daemon's one interpreter): still accepted, so
+    that older files load, with a warning at start. Remove it."""
+    parse_helpers: int | None = Field(None, ge=0, le=7)
+    """No longer used (processes beside the parse worker): still accepted, so that older files
+    load, with a warning at start. Remove it."""
     # spark.tables.ArrowTableWriter for "auto".
     landing: Literal["auto", "spark"] = "auto"
     """How a batch lands. `auto`: with the tables on an object store, or on this machine's disk
@@ -952,6 +947,17 @@ class Config(BaseModel):
             warnings.append(
                 "buffer.high_watermark is no longer used: a full tier 2 leaves the upstream's "
                 "backlog in the ledger and never pauses the source (remove the key)"
+            )
+        retired = [
+            f"spark.{key}"
+            for key in ("parse_worker", "parse_helpers")
+            if getattr(self.spark, key) is not None
+        ]
+        if retired:
+            warnings.append(
+                f"{' and '.join(retired)} no longer used: batches are parsed in the daemon's "
+                "own process, natively, and there is no parse worker to configure (remove "
+                f"{'the key' if len(retired) == 1 else 'the keys'})"
             )
         warnings.extend(_source_session_warnings(self.source))
         return warnings

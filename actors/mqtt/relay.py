@@ -1,12 +1,12 @@
-"""ConnectionRelay: how the ledgers write to a broker connection they do not own.
+"""ConnectionRelay: how the outbound ledger writes to a broker connection it does not own.
 
-One thread calls the paho client's methods: the ConnectionActor's, which owns the connection
-(paho's own network thread does the socket I/O). The inbound ledger (acks after each commit) and
-the outbound ledger (PUBLISHes and PUBRELs after each commit) hold this relay instead of the
+The ConnectionActor owns the connection (paho's own network thread does the socket I/O). The
+outbound ledger (PUBLISHes and PUBRELs after each commit) holds this relay instead of the
 client: each send is a message to the owner, in order, carrying the connection epoch it was
 decided for, so the owner's client drops it if the connection was replaced meanwhile. A send
-after the owner stopped goes nowhere, which is safe: what it acknowledged is stored and the
-broker redelivers it; what it published is recorded and is re-sent after the next start.
+after the owner stopped goes nowhere, which is safe: what it published is recorded and is
+re-sent after the next start. (The inbound ledger's acks go to the source's client directly:
+actors.connection.ledger_client_factory says why.)
 """
 
 from __future__ import annotations
@@ -15,21 +15,14 @@ from collections.abc import Sequence
 
 import pykka
 
-from actors.messages import SendAcks, SendPublishes, SendPubrels
-from actors.mqtt.client import AckKind, AckSender
+from actors.messages import SendPublishes, SendPubrels
 from actors.mqtt.upstream import OutboundPublish
 from actors.tell import tell_unless_dead
 
 
-class ConnectionRelay(AckSender):
+class ConnectionRelay:
     def __init__(self, owner: pykka.ActorRef) -> None:
         self._owner = owner
-
-    def send_ack(self, epoch: int, kind: AckKind, packet_id: int) -> bool:
-        return self.send_acks(epoch, ((kind, packet_id),))
-
-    def send_acks(self, epoch: int, acks: Sequence[tuple[AckKind, int]]) -> bool:
-        return tell_unless_dead(self._owner, SendAcks(epoch, tuple(acks)))
 
     def send_publish(self, epoch: int, message: OutboundPublish) -> bool:
         return self.send_publishes(epoch, (message,))

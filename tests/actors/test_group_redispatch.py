@@ -193,11 +193,11 @@ def run_script(fake: FakeBroker, daemon_factory, tmp_path: Path, shared: bool) -
     wait_until_landed_union([a1.pair, a2.pair], own, timeout=LAND_TIMEOUT, tables=tables)
 
     # 3. R1 to a1: journaled, then SIGKILL before its PUBACKs; in flight at the broker.
-    assert a1.daemon.remember_children(), "a1 runs its parse worker by now"
+    a1.daemon.remember_children()  # whatever it spawned (nothing with these settings)
     publish_once(fake, A1, outcome.r1)
     assert a1.daemon.proc.wait(60) == -signal.SIGKILL, a1.daemon.output()
     a1.daemon.wait_for_log(r"crash point after_ledger_commit_before_ack reached", timeout=5)
-    # Its children end with it (their stdin closes); the fixture would reap them otherwise.
+    # Any child ends with it (its stdin closes); the fixture would reap it otherwise.
     assert wait_until(lambda: a1.daemon.alive_spawned() == [], 30), a1.daemon.alive_spawned()
     assert fake.wait_for(lambda broker: A1 not in broker.clients, 30)
     assert [payload for _, _, payload in fake.in_flight(A1)] == outcome.r1.payloads

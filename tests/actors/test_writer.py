@@ -2,12 +2,9 @@
 
 import dataclasses
 import json
-import os
-import signal
 import sqlite3
 import threading
 
-import psutil
 import pytest
 
 from actors.backoff import Backoff
@@ -454,40 +451,6 @@ def test_a_heartbeats_event_number_in_the_readers_counter_is_no_gap_in_its_tag_e
         writer.stop()
 
 
-def test_a_batch_whose_parse_worker_died_lands_all_the_same_and_a_new_worker_takes_the_next(
-    ledger, clock, tmp_path, caplog
-):
-    tables = ScriptedTables([])
-    writer = start_writer(ledger, clock, tables, parse_worker=True)
-    try:
-        pid = writer.proxy().parse_worker_pid.get(timeout=30)
-        assert pid is not None
-        pack = stored_pack(ledger, 6)
-        first, second = Pack(1, pack.records[:4]), Pack(2, pack.records[4:])
-        writer.tell(PackSealed(first))
-        assert clock.wait_for_timers(1)
-        clock.advance(1.0)
-        assert tables.wait_calls(1) == [(1, 4, "ok")]
-
-        os.kill(pid, signal.SIGKILL)  # our own child: the writer started it
-        # The writer's reply thread reads the end of the pipe and reaps it: we only watch.
-        assert wait_until(lambda: not psutil.pid_exists(pid), timeout=30)
-        writer.tell(PackSealed(second))
-        assert clock.wait_for_timers(1)
-        clock.advance(1.0)
-        assert tables.wait_calls(2)[1] == (2, 2, "ok")
-        writer.proxy().failures.get(timeout=5)
-        assert batch_states(tmp_path) == [(1, "committed"), (2, "committed")]
-        assert "a new parse worker starts and parses batch 2 again" in caplog.text
-        new_pid = writer.proxy().parse_worker_pid.get(timeout=5)
-        assert new_pid not in (None, pid) and psutil.pid_exists(new_pid)
-        counts = ledger.proxy().recovery().get(timeout=5).readers
-        assert counts["r1"].received == 6 and counts["r1"].last_event_num == 5
-    finally:
-        writer.stop()
-    assert not psutil.pid_exists(new_pid), "stopping the writer stops its parse worker"
-
-
 class GatedTables(ScriptedTables):
     """Holds the first write until `release` is set, telling `holding` meanwhile."""
 
@@ -509,26 +472,25 @@ def four_packs(ledger, count):
     return [Pack(n + 1, records[i : i + 4]) for n, i in enumerate(range(0, count, 4))]
 
 
-def test_the_next_batch_is_begun_and_parsed_while_spark_writes_one_and_no_more_than_two_wait(
+def test_packs_that_pile_up_behind_a_held_write_come_out_a_batch_at_a_time_counted_on(
     ledger, clock, tmp_path
 ):
     tables = GatedTables()
-    writer = start_writer(ledger, clock, tables, parse_worker=True, batch_max_rows=4)
+    writer = start_writer(ledger, clock, tables, batch_max_rows=4)
     try:
         for pack in four_packs(ledger, 20):
             writer.tell(PackSealed(pack))
         assert tables.holding.wait(30)
-        # Spark holds batch 1; batch 2 was begun and handed to the worker behind it; the other
-        # full packs wait in the writer (PIPELINE_DEPTH 2), not yet batches.
-        assert wait_until(lambda: len(batch_states(tmp_path)) == 2, timeout=10)
-        assert batch_states(tmp_path) == [(1, "writing"), (2, "writing")]
+        # The table write holds batch 1; the other full packs wait in the writer, not yet
+        # batches (each is begun just before its write, once the one before it is written).
+        assert batch_states(tmp_path) == [(1, "writing")]
         tables.release.set()
         calls = tables.wait_calls(5)
         # What piled up meanwhile comes out a batch at a time, never as one big batch.
         assert [(b, rows) for b, rows, _ in calls] == [(b, 4) for b in range(1, 6)]
         writer.proxy().failures.get(timeout=5)
         assert batch_states(tmp_path) == [(b, "committed") for b in range(1, 6)]
-        # Each batch counted on from the one before it, though parsed before it was written.
+        # Each batch counted on from the one before it.
         counts = ledger.proxy().recovery().get(timeout=5).readers["r1"]
         assert (counts.received, counts.last_event_num, counts.missing) == (20, 19, 0)
     finally:
@@ -536,17 +498,12 @@ def test_the_next_batch_is_begun_and_parsed_while_spark_writes_one_and_no_more_t
         writer.stop()
 
 
-def test_a_failed_batch_keeps_the_batch_parsed_behind_it_waiting_and_both_land_in_order(
+def test_a_failed_batch_keeps_the_packs_behind_it_waiting_and_both_land_in_order(
     ledger, clock, tmp_path
 ):
     tables = ScriptedTables(["fail", "ok", "ok"])
     writer = start_writer(
-        ledger,
-        clock,
-        tables,
-        parse_worker=True,
-        batch_max_rows=4,
-        retry_backoff=Backoff(5.0, 60.0, 0.0),
+        ledger, clock, tables, batch_max_rows=4, retry_backoff=Backoff(5.0, 60.0, 0.0)
     )
     try:
         first, second, _ = four_packs(ledger, 12)
@@ -554,8 +511,9 @@ def test_a_failed_batch_keeps_the_batch_parsed_behind_it_waiting_and_both_land_i
         writer.tell(PackSealed(second))
         tables.wait_calls(1)
         assert writer.proxy().failures.get(timeout=5) == 1
-        assert batch_states(tmp_path) == [(1, "writing"), (2, "writing")]
-        assert len(tables.calls) == 1  # batch 2 is parsed, and waits behind batch 1
+        # Batch 2 is not begun while batch 1 waits for its retry.
+        assert batch_states(tmp_path) == [(1, "writing")]
+        assert len(tables.calls) == 1
         clock.advance(5.0)
         calls = tables.wait_calls(3)
         assert [(b, rows, step) for b, rows, step in calls] == [
@@ -570,13 +528,12 @@ def test_a_failed_batch_keeps_the_batch_parsed_behind_it_waiting_and_both_land_i
         writer.stop()
 
 
-def test_a_stop_lands_the_batches_in_the_workers_hands_and_then_stops_it(ledger, clock, tmp_path):
+def test_a_stop_lands_the_packs_waiting_for_their_batch_deadline(ledger, clock, tmp_path):
     tables = ScriptedTables([])
-    writer = start_writer(ledger, clock, tables, parse_worker=True, batch_max_rows=4)
-    pid = writer.proxy().parse_worker_pid.get(timeout=30)
+    writer = start_writer(ledger, clock, tables, batch_max_rows=100)
     for pack in four_packs(ledger, 8):
         writer.tell(PackSealed(pack))
+    assert clock.wait_for_timers(1)  # the batch's deadline, never reached on this clock
     writer.stop()
-    assert batch_states(tmp_path) == [(1, "committed"), (2, "committed")]
-    assert [(b, rows) for b, rows, _ in tables.calls] == [(1, 4), (2, 4)]
-    assert not psutil.pid_exists(pid)
+    assert batch_states(tmp_path) == [(1, "committed")]
+    assert [(b, rows) for b, rows, _ in tables.calls] == [(1, 8)]

@@ -100,11 +100,11 @@ def test_gateway_toml_uncommented_enables_forwarding_and_spells_out_every_option
     # Keys naming files are checked at load and their example paths do not exist here (and
     # password_file excludes password_env); they are tested in tests/actors/test_tls.py and
     # (store_credentials_file) below.
-    # high_watermark is no longer used: written down only to say so (its warning is tested in
-    # test_the_old_tier2_high_watermark_still_loads_and_warns_that_it_is_unused).
+    # high_watermark, parse_worker and parse_helpers are no longer used: written down only to
+    # say so (their warnings are tested in test_the_old_*_still_load*_and_warn*).
     uncommented = re.sub(
         r"^(password_file|store_credentials_file|tls_ca_file|tls_cert_file|tls_key_file"
-        r"|high_watermark) = .*$",
+        r"|high_watermark|parse_worker|parse_helpers) = .*$",
         "",
         uncommented,
         flags=re.MULTILINE,
@@ -979,6 +979,16 @@ def test_the_old_tier2_high_watermark_still_loads_and_warns_that_it_is_unused(tm
     assert config.buffer.high_watermark == 0.8
     assert any("high_watermark is no longer used" in w for w in config.warnings())
     assert not any("high_watermark" in w for w in load().warnings())
+
+
+def test_the_old_parse_worker_keys_still_load_and_warn_that_they_are_unused(tmp_path):
+    config = load(write(tmp_path, "[spark]\nparse_worker = true\nparse_helpers = 1\n"))
+    (warning,) = [w for w in config.warnings() if "parse_" in w]
+    assert "spark.parse_worker and spark.parse_helpers no longer used" in warning
+    assert "remove the keys" in warning
+    (alone,) = load(write(tmp_path, "[spark]\nparse_helpers = 0\n")).warnings()
+    assert alone.startswith("spark.parse_helpers no longer used") and "(remove the key)" in alone
+    assert not any("parse_" in w for w in load().warnings())
 
 
 # -- reader health keys -------------------------------------------------------------------------
