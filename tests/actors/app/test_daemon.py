@@ -220,3 +220,44 @@ def test_a_corrupt_ledger_ends_the_start_with_exit_4_and_every_later_start_too(
     moved = sorted(p.name for p in data.iterdir() if ".corrupt-" in p.name)
     assert len(moved) == 1 and moved[0].startswith("ledger.sqlite.corrupt-")
     assert not (data / "ledger.sqlite").exists()
+
+
+def test_a_store_that_fails_the_start_up_group_check_leaves_it_to_the_writer(
+    monkeypatch, tmp_path, caplog
+):
+    """The check of whose tables they are (spark.tables.check_group) meets an object store
+    going away: delta-rs says so with an OSError or, reading a checkpoint of a log it has just
+    listed, a DeltaError (seen in CI: the daemon exited 1). Either way the start goes on with a
+    WARNING, and the writer retries until the store answers; on this disk it is no such thing."""
+    import logging
+
+    from deltalake.exceptions import DeltaError
+
+    import spark.tables
+    from actors.app.daemon import Gateway
+    from actors.clock import SimulatedClock
+    from actors.config.schema import load_config
+
+    def store_went_away(tables, group):
+        raise DeltaError(
+            "Kernel error: Arrow error: External: Generic S3 error: Error performing GET "
+            f"{tables}/reads/_delta_log/00000000000000000003.checkpoint.parquet, after 10 retries"
+        )
+
+    monkeypatch.setattr(spark.tables, "check_group", store_went_away)
+
+    def gateway(tables: str) -> Gateway:
+        environ = {
+            "FXGATE__GATEWAY__DATA_DIR": str(tmp_path / "data"),
+            "FXGATE__SPARK__TABLES_DIR": tables,
+        }
+        return Gateway(load_config(None, environ=environ, hostname="gw-test"), SimulatedClock())
+
+    with caplog.at_level(logging.WARNING, logger="actors.app.daemon"):
+        assert gateway("s3://fxgate/env-a")._check_group() is None
+    assert "could not check whose tables s3://fxgate/env-a are (Kernel error" in caplog.text
+    assert "the writer lands once the store answers" in caplog.text
+    local = tmp_path / "tables"
+    (local / "reads" / "_delta_log").mkdir(parents=True)
+    with pytest.raises(DeltaError):
+        gateway(str(local))._check_group()
