@@ -61,7 +61,7 @@ from actors.messages import (
     SessionEnded,
     SessionStarted,
 )
-from actors.mqtt.client import EpochClient, LedgerClient
+from actors.mqtt.client import AckSender, EpochClient, LedgerClient
 from actors.mqtt.intake import IntakeGate, packet_size
 from actors.tell import tell_unless_dead
 
@@ -98,11 +98,17 @@ class ConnectionSettings:
 ClientFactory = Callable[[str, Callable[[], float], pykka.ActorRef], EpochClient]
 
 
-def ledger_client_factory(listener, intake: IntakeGate | None = None) -> ClientFactory:
+def ledger_client_factory(
+    listener,
+    intake: IntakeGate | None = None,
+    inline: Callable[[list, AckSender], bool] | None = None,
+) -> ClientFactory:
     """Source connections: every inbound PUBLISH/PUBREL goes to `listener` (the InboundLedger),
     a hand-over of them per message (actors.mqtt.client), through `intake` if given (the ledger
     then reports the packets it takes to the same gate), with the client itself as the sender
-    of their acknowledgements.
+    of their acknowledgements. With `inline` (actors.ledger.InlineIntake.take), a burst that
+    emptied the socket is first offered to the ledger on the network thread itself, and handed
+    over when it says no (the ledger busy, or the burst large).
 
     The ledger queues its acks on the client directly, from its own thread, rather than through
     this actor: the client's `send_acks` is safe from any thread (one queued write under paho's
@@ -112,8 +118,11 @@ def ledger_client_factory(listener, intake: IntakeGate | None = None) -> ClientF
 
     def make(client_id: str, monotonic: Callable[[], float], owner: pykka.ActorRef):
         def forward(packets: list, over: bool) -> None:
+            if inline is not None and over and packets and inline(packets, client):
+                return
             if intake is not None and packets:
                 intake.admit(sum(packet_size(p) for p in packets), len(packets))
+            client.bursts_told += 1
             listener.tell(InboundBurst(tuple(packets), client, over))
 
         client = LedgerClient(client_id, forward, monotonic)

@@ -25,7 +25,7 @@ from actors.config.schema import Config
 from actors.connection import ConnectionActor, ConnectionSettings, ledger_client_factory
 from actors.forward_leg import start_forward_leg
 from actors.forward_process import ForwardProcess
-from actors.ledger import InboundLedger
+from actors.ledger import InboundLedger, InlineIntake
 from actors.lifecycle import LifecycleActor, client_info
 from actors.lifecycle_sink import LedgerEventSink, SourceEventSink
 from actors.listener import WriterListener
@@ -186,6 +186,7 @@ class Supervisor(WriterListener):
         self.intake = IntakeGate(
             cfg.ledger.intake_max_messages, cfg.ledger.intake_max_bytes, self.clock.monotonic
         )
+        self.inline = InlineIntake()
         routes = self.upstream_routes()
         try:
             ledger = self._start(
@@ -199,6 +200,7 @@ class Supervisor(WriterListener):
                 # A landed key is kept as long as the broker may still redeliver its message.
                 retention_seconds=cfg.source.session_expiry_interval_seconds + 600.0,
                 intake=self.intake,
+                inline=self.inline,
                 forward_topic=None
                 if not cfg.forwarding
                 else _forwards(RouteCache(routes, cfg.identity.environment_id)),
@@ -298,7 +300,7 @@ class Supervisor(WriterListener):
                 source_settings(cfg),
                 self.clock,
                 ledger,
-                client_factory=ledger_client_factory(ledger, self.intake),
+                client_factory=ledger_client_factory(ledger, self.intake, self.inline.take),
                 lifecycle=lifecycle,
             )
             if publisher is not None:

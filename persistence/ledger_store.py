@@ -86,11 +86,14 @@ class LedgerStore:
     def __init__(self, engine: Engine, path: Path) -> None:
         self._engine = engine
         self.path = Path(path)
+        self._checkpoints = True
         self._connect()
 
     def _connect(self) -> None:
         self.conn = self._engine.connect()
         self._cursor = self.conn.connection.driver_connection.cursor()
+        if not self._checkpoints:
+            self._cursor.execute("PRAGMA wal_autocheckpoint=0")
 
     # -- transactions -----------------------------------------------------------------------
 
@@ -109,6 +112,16 @@ class LedgerStore:
 
     def commit(self) -> None:
         self.conn.commit()
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    def leave_checkpoints(self) -> None:
+        """This connection's commits no longer checkpoint the WAL: a checkpointer of its own
+        does (persistence.wal_checkpoint). A connection made after a failed rollback too."""
+        self._checkpoints = False
+        self._cursor.execute("PRAGMA wal_autocheckpoint=0")
 
     def rollback(self) -> None:
         """Roll back; a connection left in an unknown state is replaced by a fresh one."""

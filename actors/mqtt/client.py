@@ -90,6 +90,12 @@ class AckSender:
     """What the ledger needs from a connection: send one ack, if the connection is still the one
     the message arrived on."""
 
+    # The connection's bursts told to the ledger (counted by the network thread) and taken out
+    # of its mailbox (by the ledger): a burst is stored inline only when the two are equal, so
+    # that none overtakes an earlier one (actors.ledger.InlineIntake). One writer each.
+    bursts_told = 0
+    bursts_taken = 0
+
     def send_ack(self, epoch: int, kind: AckKind, packet_id: int) -> bool:
         raise NotImplementedError
 
@@ -245,6 +251,12 @@ class LedgerClient(EpochClient, AckSender):
 
     def _deliver(self, arrived: list, over: bool) -> None:
         self._on_packets(arrived, over)
+        if self._out_packet:
+            # Acks the ledger queued on this thread (it stored the burst inline: actors.ledger,
+            # InlineIntake) leave now, not after another turn of paho's loop; at a window of 1
+            # the broker sends nothing before them. This is the thread paho writes from; a
+            # failed write puts the packet back for the loop, which then reports the error.
+            self._packet_write()
 
     def send_ack(self, epoch: int, kind: AckKind, packet_id: int) -> bool:
         return self.send_acks(epoch, ((kind, packet_id),))

@@ -31,12 +31,16 @@ METHODS: dict[str, tuple[str, ...]] = {
     "_sock_recv": ("bufsize",),
     "_packet_read": (),
     "_loop_rc_handle": ("rc",),
+    # Called on the network thread: write what is queued now (acks of an inline commit).
+    "_packet_write": (),
 }
 # Attributes read: the packet being handled, as a dict with these keys.
 IN_PACKET = "_in_packet"
 IN_PACKET_KEYS = ("command", "packet")
 # Attribute read: the connection's socket (None while there is none), replaced at each connect.
 SOCK = "_sock"
+# Attribute read: the queue of packets to write (a deque; empty when nothing waits).
+OUT_PACKET = "_out_packet"
 
 
 def missing(client_class: type = paho.Client) -> list[str]:
@@ -56,6 +60,8 @@ def missing(client_class: type = paho.Client) -> list[str]:
         return [*problems, f"paho Client cannot be made as fxgate makes it: {error}"]
     if not hasattr(client, SOCK):
         problems.append(f"paho Client has no attribute {SOCK}")
+    if not hasattr(getattr(client, OUT_PACKET, None), "__len__"):
+        problems.append(f"paho Client.{OUT_PACKET} is not a queue")
     packet = getattr(client, IN_PACKET, None)
     if not isinstance(packet, dict):
         problems.append(f"paho Client.{IN_PACKET} is not a dict")

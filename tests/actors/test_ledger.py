@@ -626,3 +626,139 @@ def test_a_start_with_forwarding_off_warns_of_the_stored_messages_it_stops_owing
         "forwarding is off: 2 stored message(s) no longer wait for the upstream and will not "
         "be forwarded, even once forwarding is on again"
     ]
+
+
+# -- bursts stored on the network thread (InlineIntake) --------------------------------------
+
+
+class ThreadAcks(Acks):
+    """Records, with each ack, the thread that sent it."""
+
+    def __init__(self, db_path=None):
+        super().__init__()
+        self.db_path = db_path
+        self.threads = []
+        self.visible_at_ack = []
+
+    def send_ack(self, epoch, kind, packet_id):
+        if self.db_path is not None:
+            with sqlite3.connect(self.db_path) as other:
+                keys = [key for (key,) in other.execute("SELECT message_key FROM inbound")]
+            self.visible_at_ack.append(keys)
+        self.threads.append(threading.current_thread())
+        return super().send_ack(epoch, kind, packet_id)
+
+
+def test_a_burst_offered_to_an_idle_ledger_is_committed_and_acked_on_the_offering_thread(
+    start_ledger, db_path
+):
+    inline = ledger_actor.InlineIntake()
+    ledger = start_ledger(inline=inline)
+    listener = listen(ledger)
+    acks = ThreadAcks(db_path)
+    packets = [publish(1, b"one"), publish(2, b"two", qos=2), InboundPubrel(epoch=1, packet_id=2)]
+    assert inline.take(packets, acks)
+    # Returned with the acks sent, from this thread: no hand-over either way.
+    assert acks.acks == [(AckKind.PUBACK, 1), (AckKind.PUBREC, 2), (AckKind.PUBCOMP, 2)]
+    assert set(acks.threads) == {threading.current_thread()}
+    assert acks.visible_at_ack[0] == [message_key(TOPIC, b"one"), message_key(TOPIC, b"two")]
+    assert [r.payload for r in listener.wait_for(2)] == [b"one", b"two"]
+    stats = ledger.proxy().stats().get(timeout=5)
+    assert (stats["accepted"], stats["inline_commits"], stats["awaiting_pubrel"]) == (2, 1, 0)
+
+
+def test_a_burst_is_handed_over_while_an_earlier_burst_of_its_connection_waits(
+    start_ledger, db_path
+):
+    """The order a connection's packets came in is the order they are stored in."""
+    inline = ledger_actor.InlineIntake()
+    ledger = start_ledger(inline=inline)
+    ledger.proxy().stats().get(timeout=5)
+    acks = Acks()
+    acks.bursts_told += 1  # told, and not taken yet
+    assert not inline.take([publish(2, b"second")], acks)
+    acks.acks.clear()
+    ledger.tell(InboundBurst((publish(1, b"first"),), acks, over=True))
+    acks.wait_for(1)
+    assert inline.take([publish(2, b"second")], acks)
+    assert [key for key, _, _ in rows(db_path)] == [
+        message_key(TOPIC, b"first"),
+        message_key(TOPIC, b"second"),
+    ]
+
+
+class BlockingListener(Listener):
+    """Holds the ledger inside its commit (where it tells its sinks) until released."""
+
+    def __init__(self):
+        super().__init__()
+        self.inside = threading.Event()
+        self.release = threading.Event()
+
+    def tell(self, message):
+        if isinstance(message, Committed) and not self.release.is_set():
+            self.inside.set()
+            assert self.release.wait(10)
+        super().tell(message)
+
+
+def test_a_busy_ledger_is_never_waited_for_on_the_network_thread(start_ledger, db_path):
+    inline = ledger_actor.InlineIntake()
+    ledger = start_ledger(inline=inline)
+    listener = BlockingListener()
+    ledger.proxy().set_listener(listener).get(timeout=5)
+    ledger.tell(Grant(TABLE, 100, 10**9))
+    other = Acks()
+    ledger.tell(Inbound(publish(1, b"busy"), other))
+    assert listener.inside.wait(10)
+    acks = Acks()
+    assert not inline.take([publish(7, b"later")], acks)  # returns at once: busy
+    assert inline.refused_busy == 1 and acks.acks == []
+    listener.release.set()
+    listener.wait_for(1)
+    # An ask's answer comes once the actor is out of the message, and of the lock.
+    ledger.proxy().stats().get(timeout=5)
+    assert inline.take([publish(7, b"later")], acks)
+    assert acks.acks == [(AckKind.PUBACK, 7)]
+
+
+def test_a_closed_ledger_or_a_large_burst_is_not_taken_inline(start_ledger):
+    inline = ledger_actor.InlineIntake()
+    acks = Acks()
+    assert not inline.take([publish(1, b"before")], acks)  # not started yet
+    ledger = start_ledger(inline=inline)
+    ledger.proxy().stats().get(timeout=5)
+    large = [publish(i, b"%d" % i) for i in range(1, ledger_actor.INLINE_MAX_PACKETS + 2)]
+    assert not inline.take(large, acks)
+    ledger.stop()
+    assert not inline.take([publish(1, b"after")], acks)
+    assert acks.acks == []
+
+
+def test_an_error_storing_a_burst_inline_fails_the_ledger_as_a_tell_would(start_ledger):
+    def broken_key(topic, payload):
+        raise RuntimeError("a bug in the key")
+
+    inline = ledger_actor.InlineIntake()
+    ledger = start_ledger(inline=inline, key=broken_key)
+    ledger.proxy().stats().get(timeout=5)  # started: the intake is open
+    acks = Acks()
+    assert inline.take([publish(1, b"x")], acks)
+    assert wait_until(lambda: not ledger.is_alive(), 10)
+    assert acks.acks == []
+
+
+def test_the_ledger_leaves_wal_checkpoints_to_its_checkpointer(start_ledger, db_path):
+    """Its own connection never checkpoints (a commit may run on the network thread); every
+    CHECKPOINT_COMMITS commits the checkpointer copies the WAL into the file."""
+    inline = ledger_actor.InlineIntake()
+    ledger = start_ledger(inline=inline)
+    ledger.proxy().stats().get(timeout=5)
+    acks = Acks()
+    for pid in range(1, ledger_actor.CHECKPOINT_COMMITS + 1):
+        assert inline.take([publish(pid % 60000 + 1, b"r%d" % pid)], acks)
+    assert wait_until(lambda: ledger.proxy().stats().get(timeout=5)["wal_checkpoints"] >= 1, 10)
+    # The rows are in the database file itself now, not only in the WAL.
+    with sqlite3.connect(f"file:{db_path}?immutable=1", uri=True) as main_file_only:
+        (count,) = main_file_only.execute("SELECT count(*) FROM inbound").fetchone()
+    assert count == ledger_actor.CHECKPOINT_COMMITS

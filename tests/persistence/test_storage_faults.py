@@ -26,7 +26,7 @@ from actors.clock import SimulatedClock
 from actors.config.routes import Route
 from actors.devtools.broker_process import free_port
 from actors.devtools.simulate import expected_read_ids, simulate
-from actors.ledger import InboundLedger, LedgerRecord
+from actors.ledger import InboundLedger, InlineIntake, LedgerRecord
 from actors.lifecycle import LifecycleActor
 from actors.messages import (
     Inbound,
@@ -260,6 +260,31 @@ def test_hand_overs_that_meet_a_full_disk_wait_in_order_and_count_against_the_ga
         message_key(TOPIC, b"r%d" % pid) for pid in range(1, 11)
     ]
     assert intake.stats().waiting_messages == 0
+
+
+def test_a_burst_stored_inline_that_meets_a_full_disk_waits_unacknowledged_and_in_order(
+    faults, start_ledger, db_path, clock
+):
+    """On the network thread as in the actor: the failed packet and those behind it go to the
+    backlog, no ack leaves, and the next bursts are handed over until the backlog is stored."""
+    inline = InlineIntake()
+    ledger = start_ledger(inline=inline)
+    acks = Acks()
+    faults.set(DISK_FULL)
+    assert inline.take([publish(pid, b"r%d" % pid) for pid in (1, 2, 3)], acks)
+    assert stats(ledger)["storage_backlog"] == 3 and acks.acks == []
+    assert not inline.take([publish(4, b"r4")], acks)  # failing: the actor's to handle
+    acks.bursts_told += 1
+    ledger.tell(InboundBurst((publish(4, b"r4"),), acks, over=True))
+    assert wait_until(lambda: stats(ledger)["storage_backlog"] == 4)
+    faults.set(None)
+    retry(clock, ledger, 1.0)
+    assert [pid for _, pid in acks.wait_for(4)] == [1, 2, 3, 4]
+    assert [key for key, _ in stored(db_path)] == [
+        message_key(TOPIC, b"r%d" % pid) for pid in (1, 2, 3, 4)
+    ]
+    assert inline.take([publish(5, b"r5")], acks)  # recovered: inline again
+    assert acks.acks[-1] == (AckKind.PUBACK, 5)
 
 
 def test_qos0_messages_arriving_while_storage_fails_are_dropped_and_counted(

@@ -4,7 +4,7 @@ import pytest
 
 from actors.clock import SimulatedClock
 from actors.connection import ConnectionActor, ledger_client_factory
-from actors.ledger import InboundLedger
+from actors.ledger import InboundLedger, InlineIntake
 from actors.mqtt.client import HAND_OVER_PACKETS, InboundPublish, InboundPubrel
 from actors.mqtt.intake import IntakeGate, packet_size
 from tests.actors.test_connection import settings
@@ -167,4 +167,42 @@ def test_a_queued_backlog_reaches_the_ledger_no_faster_than_the_intake_limit(mos
         assert 50 <= gate.stats().peak_messages < 50 + HAND_OVER_PACKETS
     finally:
         returned.stop()
+        ledger.stop()
+
+
+@pytest.mark.broker
+@pytest.mark.parametrize("qos", [1, 2])
+def test_at_a_window_of_one_reads_are_stored_and_acked_on_the_network_thread(
+    mosquitto, tmp_path, qos
+):
+    """Each PUBLISH comes alone (Receive Maximum 1) and finds the ledger idle: the network thread
+    stores, commits and acknowledges it itself (actors.ledger.InlineIntake), and every message
+    is stored once."""
+    clock = SimulatedClock()
+    gate = IntakeGate(50, 1_000_000, clock.monotonic)
+    inline = InlineIntake()
+    ledger = InboundLedger.start(
+        tmp_path / "ledger.sqlite", clock, group_commit_max_delay=0.0, intake=gate, inline=inline
+    )
+    source = settings(mosquitto, qos=qos, subscriptions=("zebra/fx/+/reads",), receive_maximum=1)
+    connection = ConnectionActor.start(
+        source, clock, ledger, client_factory=ledger_client_factory(ledger, gate, inline.take)
+    )
+    try:
+        assert mosquitto.wait_for_output(f"fxgate-test-gw1 {qos} zebra/fx/+/reads", 10)
+        publish_all(mosquitto.host, mosquitto.port, [(TOPIC, b"m%d" % i) for i in range(200)], qos)
+
+        def done():
+            stats = ledger.proxy().stats().get(timeout=5)
+            return stats["accepted"] >= 200 and stats["awaiting_pubrel"] == 0
+
+        assert wait_until(done, 60)
+        stats = ledger.proxy().stats().get(timeout=5)
+        assert (stats["accepted"], stats["duplicates"]) == (200, 0)
+        # Nearly all inline: a burst goes through the mailbox only when the ledger is busy
+        # (with the session's start, say).
+        assert stats["inline_commits"] > 100
+        assert gate.stats().waiting_messages == 0
+    finally:
+        connection.stop()
         ledger.stop()

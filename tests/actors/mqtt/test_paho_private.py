@@ -39,8 +39,13 @@ def test_the_clients_use_only_listed_private_members():
     for module in (client, upstream):
         used.update(re.findall(r"self\.(_[a-z_]+)", inspect.getsource(module)))
     paho_members = {
-        name for name in used - own if hasattr(paho.Client, name) or name in ("_in_packet", "_sock")
+        name
+        for name in used - own
+        if hasattr(paho.Client, name) or name in ("_in_packet", "_sock", "_out_packet")
     }
-    assert paho_members <= {*paho_private.METHODS, paho_private.IN_PACKET, paho_private.SOCK}, (
-        paho_members
-    )
+    assert paho_members <= {
+        *paho_private.METHODS,
+        paho_private.IN_PACKET,
+        paho_private.SOCK,
+        paho_private.OUT_PACKET,
+    }, paho_members
