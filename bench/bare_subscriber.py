@@ -1,7 +1,7 @@
 """The baseline: a bare paho-mqtt 2.2 subscriber with manual acks, draining its queued session.
 
     python -m bench.bare_subscriber HOST PORT CLIENT_ID --qos Q --messages N [--parse]
-                                    [--broker-pid PID] [--receive-maximum W]
+                                    [--broker-pid PID] [--receive-maximum W] [--subscribe F]
 
 It resumes the persistent session CLIENT_ID (created and filled beforehand by the bench), acks
 every message from `on_message` (QoS 1: PUBACK; QoS 2: PUBCOMP — paho has already sent PUBREC
@@ -15,6 +15,10 @@ payload is decoded as JSON to count its reads (batched FX9600 arrays): the least
 reads must do. Nothing else: no storage, no forwarding. paho's defaults are kept: no Receive
 Maximum is sent, so the broker's own cap (mosquitto's `max_inflight_messages`) governs, unless
 --receive-maximum asks for a window of W, as fxgate's `source.receive_maximum` does.
+
+With --subscribe FILTER it takes live traffic instead (bench.footprint's bare-paho variant): it
+subscribes to FILTER at QoS Q on every connect, whether or not a session was there, and stops at
+the N-th message.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300.0)
     parser.add_argument("--broker-pid", type=int, default=None)
     parser.add_argument("--receive-maximum", type=int, default=None)
+    parser.add_argument("--subscribe", default=None)
     args = parser.parse_args()
     cpu = CpuClock(args.broker_pid)
 
@@ -91,9 +96,11 @@ def main() -> int:
     state = {"messages": 0, "reads": 0, "done": None, "done_cpu": None, "session_present": None}
     finished = threading.Event()
 
-    def on_connect(_client, _userdata, flags, reason_code, _properties):
+    def on_connect(c, _userdata, flags, reason_code, _properties):
         state["session_present"] = bool(flags.session_present)
-        if reason_code.is_failure or not flags.session_present:
+        if args.subscribe is not None and not reason_code.is_failure:
+            c.subscribe(args.subscribe, qos=args.qos)
+        elif reason_code.is_failure or not flags.session_present:
             # No queued session to drain: the measurement would be meaningless.
             finished.set()
 

@@ -5,7 +5,9 @@ us with spend. `fxgate run` (the daemon as shipped, a subprocess, its defaults) 
 fresh mosquitto; two simulated FX9600s publish single reads at QoS 1, 1,000 reads/s in all. Three
 variants: landing only; landing plus a forwarding route to a second mosquitto; and the same route
 with the forward leg in the daemon's process (`[upstream] process = "shared"`; the default is a
-process of its own), report only: which of the two the default should be.
+process of its own), report only: which of the two the default should be. And, report only, the
+floor under all of them: the bare paho subscriber (bench.bare_subscriber: paho 2.2, `json.loads`
+of each payload, a manual ack, nothing stored) on the same traffic, measured the same way.
 
 Per variant, on the daemon's whole process tree (the daemon and every process it started: a
 forward process, a JVM when it lands through Spark) sampled with psutil every second:
@@ -24,8 +26,11 @@ on an earlier commit, for a before/after in one run.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -59,11 +64,16 @@ TARGETS = {
     "landing": {"pss_mib": 120.0, "cpu_us_per_read": 40.0},
     "forwarding": {"pss_mib": 160.0, "cpu_us_per_read": 80.0},
     "forwarding-shared": {"pss_mib": 160.0, "cpu_us_per_read": 80.0},
+    "bare-paho": {"pss_mib": 120.0, "cpu_us_per_read": 40.0},
 }
 # Variant -> where its forward leg runs (`[upstream] process`); None: no forwarding.
 FORWARD_PROCESS = {"landing": None, "forwarding": "own", "forwarding-shared": "shared"}
-# Not held to the targets: the default's alternative, measured to choose between them.
-REPORT_ONLY = frozenset({"forwarding-shared"})
+BARE = "bare-paho"
+VARIANTS = (*FORWARD_PROCESS, BARE)
+# Not held to the targets: the default's alternative, measured to choose between them, and the
+# bare subscriber, the floor a Python MQTT client on this machine stands on.
+REPORT_ONLY = frozenset({"forwarding-shared", BARE})
+BARE_CLIENT_ID = "bench-footprint-bare"
 IDLE_TARGET_PERCENT = 1.0
 
 
@@ -251,16 +261,88 @@ def one_variant(ctx: Context, variant: str) -> dict:
         source.stop()
 
 
+def bare_variant(ctx: Context) -> dict:
+    """The bare paho subscriber on the same traffic, its process sampled as the daemon's tree."""
+    quick = ctx.settings.quick
+    _idle_seconds, load_seconds = QUICK_TIMING if quick else FULL_TIMING
+    per_reader = int(RATE * load_seconds / READERS)
+    total = per_reader * READERS
+    directory = ctx.next_dir(f"{NAME}-{BARE}")
+    directory.mkdir(parents=True, exist_ok=True)
+    source = MosquittoProcess(directory / "source")
+    source.start()
+    subscriber: subprocess.Popen[str] | None = None
+    sampler: TreeSampler | None = None
+    try:
+        subscriber = subprocess.Popen(
+            [
+                *(sys.executable, "-m", "bench.bare_subscriber"),
+                *(source.host, str(source.port), BARE_CLIENT_ID),
+                *("--qos", str(SOURCE_QOS), "--messages", str(total), "--parse"),
+                *("--subscribe", READERS_TOPIC, "--timeout", str(LANDED_TIMEOUT + load_seconds)),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        if not source.wait_for_output(f"{BARE_CLIENT_ID} {SOURCE_QOS} {READERS_TOPIC}", 60):
+            raise BenchError("the bare subscriber did not subscribe")
+        sampler = TreeSampler(subscriber.pid)
+        sampler.start()
+        load_from = time.monotonic()
+        published = simulate(
+            source.host,
+            source.port,
+            readers=READERS,
+            rate=RATE,
+            count=per_reader,
+            qos=SOURCE_QOS,
+            seed=ctx.seed(),
+            client_id_prefix="bench-footprint",
+            ack_timeout=60.0,
+        )
+        if len(published.published) != total:
+            raise BenchError(f"{len(published.published)} of {total} reads acknowledged")
+        out, _ = subscriber.communicate(timeout=LANDED_TIMEOUT)
+        result = json.loads(out.strip().splitlines()[-1])
+        if not result["ok"] or result["messages"] != total:
+            raise BenchError(f"the bare subscriber took {result['messages']} of {total}")
+        # Its own count, first PUBLISH -> last ack: the process is gone before a last sample.
+        cpu = result["cpu_seconds"]
+        sampler.stop()
+        loaded = [b for t, b in sampler.pss if load_from <= t]
+        if not loaded:
+            raise BenchError("no memory sample under load")
+        return {
+            "variant": BARE,
+            "reads": total,
+            "pss_median_mib": round(statistics.median(loaded) / MIB, 1),
+            "pss_max_mib": round(max(loaded) / MIB, 1),
+            "processes": max(sampler.processes),
+            "process_names": sorted(sampler.names),
+            "cpu_seconds": round(cpu, 3),
+            "cpu_us_per_read": round(cpu / total * 1e6, 1),
+        }
+    finally:
+        if sampler is not None:
+            sampler.stop()
+        if subscriber is not None and subscriber.poll() is None:
+            subscriber.kill()
+            subscriber.wait()
+        source.stop()
+
+
 def footprint(ctx: Context) -> dict:
     variants = {variant: one_variant(ctx, variant) for variant in FORWARD_PROCESS}
+    variants[BARE] = bare_variant(ctx)
     met = {}
     for variant, measured in variants.items():
         target = TARGETS[variant]
         met[variant] = {
             "pss": measured["pss_median_mib"] <= target["pss_mib"],
             "cpu": measured["cpu_us_per_read"] <= target["cpu_us_per_read"],
-            "idle": measured["idle_cpu_percent"] <= IDLE_TARGET_PERCENT,
         }
+        if "idle_cpu_percent" in measured:
+            met[variant]["idle"] = measured["idle_cpu_percent"] <= IDLE_TARGET_PERCENT
     landing, forwarding = variants["landing"], variants["forwarding"]
     return {
         "kind": "fxgate-bench",
@@ -294,13 +376,19 @@ def footprint(ctx: Context) -> dict:
 
 
 def _shared_text(variants: dict) -> str:
+    text = ""
     shared = variants.get("forwarding-shared")
-    if shared is None:
-        return ""
-    return (
-        f"; forward leg in the daemon's process: {shared['pss_median_mib']:.0f} MiB in "
-        f"{shared['processes']}, {shared['cpu_us_per_read']:.0f} us/read"
-    )
+    if shared is not None:
+        text += (
+            f"; forward leg in the daemon's process: {shared['pss_median_mib']:.0f} MiB in "
+            f"{shared['processes']}, {shared['cpu_us_per_read']:.0f} us/read"
+        )
+    bare = variants.get(BARE)
+    if bare is not None:
+        text += (
+            f"; bare paho: {bare['pss_median_mib']:.0f} MiB, {bare['cpu_us_per_read']:.0f} us/read"
+        )
+    return text
 
 
 def rows(result: dict) -> list[list[str]]:
@@ -308,14 +396,24 @@ def rows(result: dict) -> list[list[str]]:
     for variant, measured in result["variants"].items():
         target = result["targets"][variant]
         met = result["met_by_variant"][variant]
-        found.append(
-            [
-                f"`{NAME}` ({variant})",
-                f"`fxgate run` at 1,000 single reads/s (2 readers, QoS 1), whole process tree: "
+        if variant == BARE:
+            what = (
+                "the bare paho subscriber (`json.loads` of each payload, a manual ack, nothing "
+                "stored) on the same 1,000 reads/s: its process's PSS median (max "
+                f"{measured['pss_max_mib']:.0f} MiB); CPU a read: the floor under fxgate"
+            )
+        else:
+            what = (
+                "`fxgate run` at 1,000 single reads/s (2 readers, QoS 1), whole process tree: "
                 f"PSS median (max {measured['pss_max_mib']:.0f} MiB) in "
                 f"{measured['processes']} processes; CPU a read; idle "
                 f"{measured['idle_cpu_percent']:.2f} % of a core; spawn -> subscribed "
-                f"{measured['start_to_subscribed_seconds']:.1f} s",
+                f"{measured['start_to_subscribed_seconds']:.1f} s"
+            )
+        found.append(
+            [
+                f"`{NAME}` ({variant})",
+                what,
                 "—",
                 f"{measured['pss_median_mib']:.0f} MiB, {measured['cpu_us_per_read']:.0f} µs",
                 "—",
