@@ -240,7 +240,6 @@ class InboundLedger(pykka.ThreadingActor):
         self._inline = inline
         self._inline_commits = 0
         self._checkpointer: WalCheckpointer | None = None
-        self._commits_unchecked = 0  # commits since the WAL was last given to the checkpointer
         self._clock = clock
         self._durability = durability
         self._group_max = group_commit_max_messages
@@ -892,9 +891,7 @@ class InboundLedger(pykka.ThreadingActor):
         if not group.acks and not group.records and not group.replies:
             return
         self.counts["commits"] += 1
-        self._commits_unchecked += 1
-        if self._commits_unchecked >= CHECKPOINT_COMMITS and self._checkpointer is not None:
-            self._commits_unchecked = 0
+        if self.counts["commits"] % CHECKPOINT_COMMITS == 0 and self._checkpointer is not None:
             self._checkpointer.request()
         if group.acks:
             crash_point("after_ledger_commit_before_ack")

@@ -167,6 +167,39 @@ source = "{READERS_TOPIC}"
     return path
 
 
+def _publish(ctx: Context, source: MosquittoProcess, per_reader: int):
+    """The load: READERS simulated FX9600s, `per_reader` single reads each at RATE in all."""
+    published = simulate(
+        source.host,
+        source.port,
+        readers=READERS,
+        rate=RATE,
+        count=per_reader,
+        qos=SOURCE_QOS,
+        seed=ctx.seed(),
+        client_id_prefix="bench-footprint",
+        ack_timeout=60.0,
+    )
+    if len(published.published) != per_reader * READERS:
+        raise BenchError(f"{len(published.published)} of {per_reader * READERS} reads acknowledged")
+    return published
+
+
+def _under_load(sampler: TreeSampler, load_from: float, cpu: float, reads: int) -> dict:
+    """Memory and processes sampled since `load_from`, and `cpu` seconds over `reads`."""
+    loaded = [b for t, b in sampler.pss if load_from <= t]
+    if not loaded:
+        raise BenchError("no memory sample under load")
+    return {
+        "pss_median_mib": round(statistics.median(loaded) / MIB, 1),
+        "pss_max_mib": round(max(loaded) / MIB, 1),
+        "processes": max(sampler.processes),
+        "process_names": sorted(sampler.names),
+        "cpu_seconds": round(cpu, 3),
+        "cpu_us_per_read": round(cpu / reads * 1e6, 1),
+    }
+
+
 def one_variant(ctx: Context, variant: str) -> dict:
     quick = ctx.settings.quick
     idle_seconds, load_seconds = QUICK_TIMING if quick else FULL_TIMING
@@ -208,20 +241,8 @@ def one_variant(ctx: Context, variant: str) -> dict:
         idle_percent = 100.0 * idle_cpu / (time.monotonic() - idle_from)
         load_from = time.monotonic()
         cpu_before = sampler.cpu_seconds()
-        published = simulate(
-            source.host,
-            source.port,
-            readers=READERS,
-            rate=RATE,
-            count=per_reader,
-            qos=SOURCE_QOS,
-            seed=ctx.seed(),
-            client_id_prefix="bench-footprint",
-            ack_timeout=60.0,
-        )
+        published = _publish(ctx, source, per_reader)
         publish_seconds = time.monotonic() - load_from
-        if len(published.published) != total:
-            raise BenchError(f"{len(published.published)} of {total} reads acknowledged")
         wait_until_landed(daemon, data, total, timeout=LANDED_TIMEOUT)
         if tally is not None:
             keys = {record.message_key for record in published.published}
@@ -230,9 +251,6 @@ def one_variant(ctx: Context, variant: str) -> dict:
         done_seconds = time.monotonic() - load_from
         cpu = sampler.cpu_seconds() - cpu_before
         sampler.stop()
-        loaded = [b for t, b in sampler.pss if load_from <= t]
-        if not loaded:
-            raise BenchError("no memory sample under load")
         return {
             "variant": variant,
             "reads": total,
@@ -242,12 +260,7 @@ def one_variant(ctx: Context, variant: str) -> dict:
             "idle_cpu_percent": round(idle_percent, 3),
             "publish_seconds": round(publish_seconds, 2),
             "landed_seconds": round(done_seconds, 2),
-            "pss_median_mib": round(statistics.median(loaded) / MIB, 1),
-            "pss_max_mib": round(max(loaded) / MIB, 1),
-            "processes": max(sampler.processes),
-            "process_names": sorted(sampler.names),
-            "cpu_seconds": round(cpu, 3),
-            "cpu_us_per_read": round(cpu / total * 1e6, 1),
+            **_under_load(sampler, load_from, cpu, total),
         }
     finally:
         if sampler is not None:
@@ -289,19 +302,7 @@ def bare_variant(ctx: Context) -> dict:
         sampler = TreeSampler(subscriber.pid)
         sampler.start()
         load_from = time.monotonic()
-        published = simulate(
-            source.host,
-            source.port,
-            readers=READERS,
-            rate=RATE,
-            count=per_reader,
-            qos=SOURCE_QOS,
-            seed=ctx.seed(),
-            client_id_prefix="bench-footprint",
-            ack_timeout=60.0,
-        )
-        if len(published.published) != total:
-            raise BenchError(f"{len(published.published)} of {total} reads acknowledged")
+        _publish(ctx, source, per_reader)
         out, _ = subscriber.communicate(timeout=LANDED_TIMEOUT)
         result = json.loads(out.strip().splitlines()[-1])
         if not result["ok"] or result["messages"] != total:
@@ -309,18 +310,10 @@ def bare_variant(ctx: Context) -> dict:
         # Its own count, first PUBLISH -> last ack: the process is gone before a last sample.
         cpu = result["cpu_seconds"]
         sampler.stop()
-        loaded = [b for t, b in sampler.pss if load_from <= t]
-        if not loaded:
-            raise BenchError("no memory sample under load")
         return {
             "variant": BARE,
             "reads": total,
-            "pss_median_mib": round(statistics.median(loaded) / MIB, 1),
-            "pss_max_mib": round(max(loaded) / MIB, 1),
-            "processes": max(sampler.processes),
-            "process_names": sorted(sampler.names),
-            "cpu_seconds": round(cpu, 3),
-            "cpu_us_per_read": round(cpu / total * 1e6, 1),
+            **_under_load(sampler, load_from, cpu, total),
         }
     finally:
         if sampler is not None:
