@@ -2,9 +2,10 @@
 two feeds that read the ledger out to its sinks.
 
 A message is acknowledged to the broker only after its row is committed (DESIGN §2, §3.3):
-QoS 1 PUBACK, QoS 2 PUBREC (paho would send it on arrival; see actors.mqtt.client) and the QoS 2
-PUBCOMP after the release is recorded. Acks wait for a group commit that is shared by everything
-that arrived meanwhile, so durability costs one fsync per group, not per message.
+QoS 1 PUBACK and QoS 2 PUBREC (paho would send it on arrival; see actors.mqtt.client). Acks wait
+for a group commit that is shared by everything that arrived meanwhile, so durability costs one
+fsync per group, not per message. A QoS 2 PUBCOMP waits for none: the message was committed
+before its PUBREC, and the release is recorded with a later commit (`_on_pubrel`).
 
 The ledger is the buffer (DESIGN §2, §7.1). Two sinks read it, each through its own feed
 (actors.feed): the table (PackActor -> SparkWriterActor) and, with forwarding, the upstream
@@ -117,6 +118,11 @@ class _RetryStorage:
 
 
 @dataclass(frozen=True, slots=True)
+class _WriteReleases:
+    """QoS 2 exchanges ended RELEASE_DELAY ago and no commit has recorded them yet: one now."""
+
+
+@dataclass(frozen=True, slots=True)
 class _Drain:
     """Go on storing the backlog (a chunk per message, so asks and stats get their turn)."""
 
@@ -124,6 +130,10 @@ class _Drain:
 class _StorageFailed(Exception):
     """Unwinds one message's handling after `_fail` dealt with a storage fault."""
 
+
+# A QoS 2 exchange that is over (PUBREL answered) is recorded with the next commit that stores
+# something anyway, or by a commit of its own at most this many seconds later (_on_pubrel).
+RELEASE_DELAY = 1.0
 
 # Backlogged packets stored per turn while draining after a storage fault.
 DRAIN_CHUNK = 2000
@@ -260,6 +270,12 @@ class InboundLedger(pykka.ThreadingActor):
         # QoS 2 packet ids released since the start and not given to a new message yet (a
         # PUBREL for one again is a re-send, not an exchange we have no record of).
         self._released: set[int] = set()
+        # seq -> packet id of exchanges released and not recorded yet (_on_pubrel), and the
+        # timer that records them if no other commit comes first.
+        self._releases: dict[int, int] = {}
+        self._release_timer: TimerHandle | None = None
+        # PUBCOMPs for the input being handled: they wait for no commit (_on_pubrel).
+        self._answers: list[tuple[AckSender, int, AckKind, int]] = []
         self.counts = {"accepted": 0, "duplicates": 0, "unknown_pubrel": 0, "commits": 0}
         self._feeds = {TABLE: Feed(TABLE), UPSTREAM: Feed(UPSTREAM)}
         self._targets: dict[str, pykka.ActorRef] = {}
@@ -334,7 +350,10 @@ class InboundLedger(pykka.ThreadingActor):
         # pykka's one entry for tells, asks and proxy calls: each holds the ledger's lock, so the
         # network thread's inline bursts (InlineIntake) never meet the actor half way through.
         with self._lock:
-            return super()._handle_receive(message)
+            try:
+                return super()._handle_receive(message)
+            finally:
+                self._send_answers()
 
     def on_stop(self) -> None:
         if self._inline is not None:
@@ -342,12 +361,14 @@ class InboundLedger(pykka.ThreadingActor):
         self._faults.cancel()
         if self._budget_timer is not None:
             self._budget_timer.cancel()
+        if self._release_timer is not None:
+            self._release_timer.cancel()
         if self._intake is not None:
             self._intake.close()
         try:
             if self._backlog:
                 self._drain(final=True)
-            self._commit()
+            self._commit(releases=True)
         except _StorageFailed:
             pass
         if self._backlog:
@@ -446,6 +467,9 @@ class InboundLedger(pykka.ThreadingActor):
             self._drain()
         elif isinstance(message, _Drain):
             self._drain()
+        elif isinstance(message, _WriteReleases):
+            self._release_timer = None
+            self._write_releases()
         elif isinstance(message, SessionEnded):
             pass
         elif isinstance(message, TakeReplays):
@@ -517,11 +541,12 @@ class InboundLedger(pykka.ThreadingActor):
                         return True
             finally:
                 self._burst_ending = False
-            try:
-                self._commit()
-            except _StorageFailed:
-                return True
-            self._inline_commits += 1
+            if self._group.inputs:
+                try:
+                    self._commit()
+                except _StorageFailed:
+                    return True
+                self._inline_commits += 1
             return True
         except BaseException as error:
             # Not a storage fault: the actor fails with it, as a tell would have made it; the
@@ -530,7 +555,10 @@ class InboundLedger(pykka.ThreadingActor):
             tell_unless_dead(self.actor_ref, _Crashed(error))
             return True
         finally:
-            self._lock.release()
+            try:
+                self._send_answers()
+            finally:
+                self._lock.release()
 
     def _burst_over(self) -> None:
         """The source read all the broker had sent: commit now, not when the group timer fires.
@@ -555,13 +583,15 @@ class InboundLedger(pykka.ThreadingActor):
 
     def _apply(self, message: object) -> None:
         """Apply one input in the open transaction; a storage fault on the way raises
-        _StorageFailed after `_fail` has put the group back in the backlog."""
+        _StorageFailed after `_fail` has put the group back in the backlog. A PUBREL writes
+        nothing there (_on_pubrel): a rollback has nothing of it to undo."""
+        if isinstance(message, Inbound) and isinstance(message.packet, InboundPubrel):
+            self._on_pubrel(message.packet, message.acks)
+            return
         group = self._group
         if group.counts_before is None:
             group.pubrel_before = dict(self._awaiting_pubrel)
-            group.counts_before = {
-                k: self.counts[k] for k in ("accepted", "duplicates", "unknown_pubrel")
-            }
+            group.counts_before = {k: self.counts[k] for k in ("accepted", "duplicates")}
         group.inputs.append(message)
         # Spelled out rather than `with self._storage()`: this runs once per message, and a
         # try that raises nothing costs nothing, a context manager a generator each time.
@@ -570,10 +600,8 @@ class InboundLedger(pykka.ThreadingActor):
                 self._on_session(message)
             elif isinstance(message, Forwarded):
                 self._on_forwarded(message)
-            elif isinstance(message.packet, InboundPublish):
-                self._on_publish(message.packet, message.acks)
             else:
-                self._on_pubrel(message.packet, message.acks)
+                self._on_publish(message.packet, message.acks)
         except Exception as error:
             self._fail_on_storage_fault(error)
             raise
@@ -601,6 +629,8 @@ class InboundLedger(pykka.ThreadingActor):
         after the next backoff delay. Its acks were never sent: nothing unstored is acked."""
         self._rollback()
         group, self._group = self._group, _Group()
+        # A PUBCOMP that waited behind the group's acks is no input to apply again: it leaves.
+        self._answers.extend(a for a in group.acks if a[2] is AckKind.PUBCOMP)
         if group.counts_before is not None:
             self._awaiting_pubrel = group.pubrel_before or {}
             self.counts.update(group.counts_before)
@@ -700,6 +730,7 @@ class InboundLedger(pykka.ThreadingActor):
             if previous is not None and previous[1] != key:
                 # The broker reused the id for another message: the old exchange is over.
                 self._store.set_packet_id(previous[0], None)
+            self._releases.pop(seq, None)  # a release not recorded yet must not undo this
             self._store.set_packet_id(seq, publish.packet_id)
             self._awaiting_pubrel[publish.packet_id] = (seq, key)
             self._released.discard(publish.packet_id)
@@ -710,7 +741,18 @@ class InboundLedger(pykka.ThreadingActor):
             self._schedule_flush()
 
     def _on_pubrel(self, pubrel: InboundPubrel, acks: AckSender) -> None:
+        """The PUBCOMP waits for no commit of its own: the message was committed before its
+        PUBREC left, and the release only takes the packet id off its row. It leaves with the
+        input being handled, or behind acks of the open group, with their commit, so that acks
+        keep the order their packets came in. The release is recorded by the next commit that
+        stores something, or RELEASE_DELAY later. One a crash loses leaves the id on its row:
+        the broker gives that id to a new message next, which `_on_publish` tells from the old
+        one by its key (a same-key message is a duplicate anyway). A commit per PUBREL was
+        most of the cost of QoS 2 where PUBRELs come one at a time (Mochi)."""
         known = self._awaiting_pubrel.pop(pubrel.packet_id, None)
+        if self._group.pubrel_before is not None:
+            # A rollback of the open group must not bring the exchange back.
+            self._group.pubrel_before.pop(pubrel.packet_id, None)
         if known is None:
             # Not ours: acknowledging lets the broker finish an exchange we have no record of
             # (it cannot be a message we lost: PUBREC left only after a commit).
@@ -724,11 +766,40 @@ class InboundLedger(pykka.ThreadingActor):
                     "PUBREL for packet id %d that the ledger never stored", pubrel.packet_id
                 )
         else:
-            assert self._store is not None
             crash_point("after_pubrec_before_pubrel")
-            self._store.set_packet_id(known[0], None)
+            self._releases[known[0]] = pubrel.packet_id
             self._released.add(pubrel.packet_id)
-        self._defer_ack(acks, pubrel.epoch, AckKind.PUBCOMP, pubrel.packet_id)
+            self._arm_release_timer()
+        if self._group.acks:
+            # Behind acks that wait for a commit coming anyway: acks leave in the order their
+            # packets came.
+            self._defer_ack(acks, pubrel.epoch, AckKind.PUBCOMP, pubrel.packet_id)
+        else:
+            self._answers.append((acks, pubrel.epoch, AckKind.PUBCOMP, pubrel.packet_id))
+
+    def _send_answers(self) -> None:
+        if self._answers:
+            answers, self._answers = self._answers, []
+            _send_acks(answers)
+
+    def _arm_release_timer(self) -> None:
+        if self._release_timer is None:
+            self._release_timer = self._clock.call_later(
+                RELEASE_DELAY, lambda: tell_unless_dead(self.actor_ref, _WriteReleases())
+            )
+
+    def _write_releases(self) -> None:
+        """Record the releases no commit has taken with it (their timer fired); while storage
+        fails, look again a RELEASE_DELAY later."""
+        if not self._releases:
+            return
+        if not self._faults.failing and not self._backlog:
+            try:
+                self._commit(releases=True)
+            except _StorageFailed:
+                pass
+        if self._releases:
+            self._arm_release_timer()
 
     def _on_session(self, message: SessionStarted) -> None:
         if not message.session_present and self._awaiting_pubrel:
@@ -880,19 +951,30 @@ class InboundLedger(pykka.ThreadingActor):
                 self._group_delay, lambda: tell_unless_dead(self.actor_ref, _Flush())
             )
 
-    def _commit(self) -> None:
+    def _commit(self, *, releases: bool = False) -> None:
         """Commit the open transaction, then release what waited for it: acks, replies, and
-        records to the sinks that owe them. A storage fault raises _StorageFailed, the group
-        back in the backlog (`_fail`)."""
+        records to the sinks that owe them. Released QoS 2 exchanges are recorded with it when
+        it stores something anyway, or when `releases` asks. A storage fault raises
+        _StorageFailed, the group back in the backlog (`_fail`), the releases kept."""
         assert self._store is not None
+        group = self._group
+        recorded: list[tuple[int, int]] = []
+        if self._releases and (releases or group.acks or group.records or group.replies):
+            recorded = list(self._releases.items())
+            with self._storage():
+                self._store.clear_packet_ids(recorded)
         with self._storage():
             self._store.commit()
+        for seq, packet_id in recorded:
+            if self._releases.get(seq) == packet_id:
+                del self._releases[seq]
         group, self._group = self._group, _Group()
         if not group.acks and not group.records and not group.replies:
             return
         self.counts["commits"] += 1
         if self.counts["commits"] % CHECKPOINT_COMMITS == 0 and self._checkpointer is not None:
             self._checkpointer.request()
+        self._send_answers()  # (those of the input being handled came before the group's)
         if group.acks:
             crash_point("after_ledger_commit_before_ack")
             _send_acks(group.acks)
@@ -1119,6 +1201,7 @@ class InboundLedger(pykka.ThreadingActor):
             "pending": pending,
             "lag": lags,
             "awaiting_pubrel": len(self._awaiting_pubrel),
+            "releases_unrecorded": len(self._releases),
             "paused_by": [BUDGET_HOLD] if self._budget_paused else [],
             "budget": None
             if self._budget is None

@@ -184,6 +184,13 @@ class LedgerStore:
     def set_packet_id(self, seq: int, packet_id: int | None) -> None:
         self._run("UPDATE inbound SET packet_id = ? WHERE seq = ?", (packet_id, seq))
 
+    def clear_packet_ids(self, released: Iterable[tuple[int, int]]) -> None:
+        """QoS 2 exchanges that are over: (seq, packet id) each; a row the id has gone to
+        another exchange of since is left alone."""
+        self._run_many(
+            "UPDATE inbound SET packet_id = NULL WHERE seq = ? AND packet_id = ?", released
+        )
+
     def awaiting_pubrel(self) -> dict[int, tuple[int, str]]:
         """packet id -> (seq, key) of the QoS 2 exchanges that wait for the broker's PUBREL."""
         rows = self._run(

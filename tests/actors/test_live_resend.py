@@ -20,7 +20,7 @@ import sqlite3
 import pytest
 
 from actors.clock import SimulatedClock
-from actors.ledger import InboundLedger
+from actors.ledger import RELEASE_DELAY, InboundLedger
 from persistence.keys import message_key
 from tests.actors.test_connection import settings
 from tests.actors.test_ledger import listen
@@ -34,9 +34,10 @@ TIMEOUT = 15.0
 class Source:
     """The fake EMQX, the inbound ledger on a simulated clock, and its table feed."""
 
-    def __init__(self, fake, ledger, table, db_path):
+    def __init__(self, fake, ledger, clock, table, db_path):
         self.fake = fake
         self.ledger = ledger
+        self.clock = clock
         self.table = table
         self.db_path = db_path
         (self.client_id,) = fake.clients
@@ -65,6 +66,12 @@ class Source:
         )
         return [ack[1:] for ack in self.fake.client_acks[:count]]
 
+    def record_releases(self):
+        """Let the ledger's release timer fire: PUBCOMP went without a commit (actors.ledger)."""
+        assert self.clock.wait_for_timers(1)
+        self.clock.advance(RELEASE_DELAY)
+        assert wait_until(lambda: self.stats()["releases_unrecorded"] == 0, TIMEOUT)
+
     def rows(self):
         with sqlite3.connect(self.db_path) as conn:
             return conn.execute(
@@ -80,13 +87,14 @@ def source(tmp_path, actors):
         fake.auto_pubrel = False
         db_path = tmp_path / "ledger.sqlite"
         # A group commits once the mailbox is empty: no timer on the clock to wait for.
-        ledger = InboundLedger.start(db_path, SimulatedClock(), group_commit_max_delay=0.0)
+        clock = SimulatedClock()
+        ledger = InboundLedger.start(db_path, clock, group_commit_max_delay=0.0)
         started.append(ledger)
         try:
             table = listen(ledger)
             actors(settings(fake), SimulatedClock(), ledger)
             assert fake.wait_for(lambda f: f.subscribes, TIMEOUT)
-            yield Source(fake, ledger, table, db_path)
+            yield Source(fake, ledger, clock, table, db_path)
         finally:
             for ref in started:
                 if ref.is_alive():
@@ -138,6 +146,7 @@ def test_a_qos2_publish_and_pubrel_resent_before_fxgates_answers_left_each_get_t
     source.wait_stats(awaiting_pubrel=0, unknown_pubrel=1)
     assert source.acks(4)[2:] == [("PUBCOMP", 7, 0), ("PUBCOMP", 7, 0)]
     assert [r.message_key for r in source.table.wait_for(1)] == [KEY]
+    source.record_releases()
     assert source.rows() == [(KEY, None)]
 
 
@@ -169,5 +178,6 @@ def test_a_qos2_publish_and_pubrel_resent_after_fxgates_answers_left_each_get_th
     assert source.acks(4)[3:] == [("PUBCOMP", 7, 0)]
     assert [r.message_key for r in source.table.wait_for(1)] == [KEY]
     assert len(source.table.records) == 1
+    source.record_releases()
     assert source.rows() == [(KEY, None)]
     assert source.stats()["accepted"] == 1

@@ -21,6 +21,7 @@ import pykka
 import pytest
 import sqlalchemy
 
+from actors import ledger as ledger_actor
 from actors.backoff import Backoff
 from actors.clock import SimulatedClock
 from actors.config.routes import Route
@@ -202,22 +203,64 @@ def test_a_qos2_message_gets_no_pubrec_until_its_row_and_packet_id_are_committed
     assert stored(db_path) == [(message_key(TOPIC, b"q2"), 42)]
 
 
-def test_a_pubrel_while_the_disk_is_full_gets_its_pubcomp_only_after_the_release_is_stored(
-    faults, start_ledger, db_path, clock
-):
+def awaiting_pubrel_then_full(faults, start_ledger):
+    """A ledger with QoS 2 message 7 stored and PUBREC'd, then a full disk."""
     ledger = start_ledger()
     acks = Acks()
     ledger.tell(Inbound(publish(7, b"q2", qos=2), acks))
     assert acks.wait_for(1) == [(AckKind.PUBREC, 7)]
     faults.set(DISK_FULL)
+    return ledger, acks
+
+
+def test_a_pubrel_while_the_disk_is_full_is_answered_and_its_release_recorded_once_it_has_room(
+    faults, start_ledger, db_path, clock
+):
+    ledger, acks = awaiting_pubrel_then_full(faults, start_ledger)
     ledger.tell(Inbound(InboundPubrel(epoch=1, packet_id=7), acks))
+    # The message was committed before its PUBREC: its PUBCOMP waits for no write.
+    assert acks.wait_for(2)[1] == (AckKind.PUBCOMP, 7)
+    assert clock.wait_for_timers(1)
+    clock.advance(ledger_actor.RELEASE_DELAY)  # the release's own commit meets the full disk
     wait_failing(ledger)
-    assert stored(db_path) == [(message_key(TOPIC, b"q2"), 7)]  # still awaiting its PUBREL
-    assert stats(ledger)["awaiting_pubrel"] == 1
+    assert stored(db_path) == [(message_key(TOPIC, b"q2"), 7)]
+    assert stats(ledger)["awaiting_pubrel"] == 0
+    faults.set(None)
+    for _ in range(10):  # the backoff's retry, then the release's own timer again
+        if stored(db_path) == [(message_key(TOPIC, b"q2"), None)]:
+            break
+        retry(clock, ledger, 1.0)
+    assert stored(db_path) == [(message_key(TOPIC, b"q2"), None)]
+    assert acks.acks == [(AckKind.PUBREC, 7), (AckKind.PUBCOMP, 7)]
+
+
+def test_a_pubrel_in_a_group_that_fails_is_answered_once_and_its_exchange_stays_over(
+    faults, start_ledger, db_path, clock
+):
+    ledger, acks = awaiting_pubrel_then_full(faults, start_ledger)
+    acks.bursts_told += 1
+    # The PUBREL writes nothing; the next packet's write fails and rolls its group back.
+    burst = (InboundPubrel(epoch=1, packet_id=7), publish(8, b"after"), publish(9, b"last"))
+    ledger.tell(InboundBurst(burst, acks, over=True))
+    wait_failing(ledger)
+    assert acks.acks == [(AckKind.PUBREC, 7), (AckKind.PUBCOMP, 7)]
+    status = stats(ledger)
+    assert (status["storage_backlog"], status["awaiting_pubrel"]) == (2, 0)
     faults.set(None)
     retry(clock, ledger, 1.0)
-    assert acks.wait_for(2)[1] == (AckKind.PUBCOMP, 7)
-    assert stored(db_path) == [(message_key(TOPIC, b"q2"), None)]
+    assert acks.wait_for(4) == [
+        (AckKind.PUBREC, 7),
+        (AckKind.PUBCOMP, 7),
+        (AckKind.PUBACK, 8),
+        (AckKind.PUBACK, 9),
+    ]
+    assert stored(db_path) == [
+        (message_key(TOPIC, b"q2"), None),
+        (message_key(TOPIC, b"after"), None),
+        (message_key(TOPIC, b"last"), None),
+    ]
+    status = stats(ledger)
+    assert (status["awaiting_pubrel"], status["unknown_pubrel"], status["accepted"]) == (0, 0, 3)
 
 
 def test_the_backlog_counts_against_the_intake_gate_until_it_is_stored(faults, start_ledger, clock):
