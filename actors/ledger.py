@@ -1195,6 +1195,7 @@ class InboundLedger(pykka.ThreadingActor):
             **self.counts,
             "inline_commits": self._inline_commits,
             "wal_checkpoints": 0 if self._checkpointer is None else self._checkpointer.checkpoints,
+            "wal_restarts": 0 if self._checkpointer is None else self._checkpointer.restarts,
             "storage_failures": self._faults.failures,
             "storage_recoveries": self._faults.recoveries,
             "dropped_qos0": self._dropped_qos0,
