@@ -957,9 +957,11 @@ class InboundLedger(pykka.ThreadingActor):
         it stores something anyway, or when `releases` asks. A storage fault raises
         _StorageFailed, the group back in the backlog (`_fail`), the releases kept."""
         assert self._store is not None
-        group = self._group
+        open_group = self._group
         recorded: list[tuple[int, int]] = []
-        if self._releases and (releases or group.acks or group.records or group.replies):
+        if self._releases and (
+            releases or open_group.acks or open_group.records or open_group.replies
+        ):
             recorded = list(self._releases.items())
             with self._storage():
                 self._store.clear_packet_ids(recorded)

@@ -122,14 +122,13 @@ def one_broker(ctx: Context, kind: str, directory: Path) -> list[dict]:
                 target = TARGET.get(window)
                 ratio = fx / base
                 same = [s["messages_per_second"] for s in raw if s["role"] == "bare-fxgate-window"]
-                same_window = (
-                    {
-                        "bare_at_fxgate_window": round(statistics.median(same), 1),
-                        "ratio_at_fxgate_window": round(fx / statistics.median(same), 3),
+                same_window = {}
+                if same:
+                    bare_same = statistics.median(same)
+                    same_window = {
+                        "bare_at_fxgate_window": round(bare_same, 1),
+                        "ratio_at_fxgate_window": round(fx / bare_same, 3),
                     }
-                    if same
-                    else {}
-                )
                 cells.append(
                     {
                         "broker": kind,

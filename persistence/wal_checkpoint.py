@@ -28,14 +28,15 @@ from pathlib import Path
 
 from sqlalchemy import Engine
 
+from persistence.database import WAL_SIZE_LIMIT
 from persistence.storage_faults import describe
 
 log = logging.getLogger(__name__)
 
 
 # A PASSIVE checkpoint that leaves more pages than this in the WAL is followed by a RESTART one:
-# 16 MiB at SQLite's 4 KiB pages, persistence.database's journal_size_limit.
-RESTART_PAGES = 4096
+# the WAL's journal_size_limit (persistence.database) in SQLite's 4 KiB pages.
+RESTART_PAGES = WAL_SIZE_LIMIT // 4096
 
 
 class WalCheckpointer:
